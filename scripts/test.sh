@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole suite, as `make test` runs it: services, the purity contract, then pytest
+# on SQLite, then the database-backed tests again on Postgres when it is reachable.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+
+# Redis: use REDIS_URL when set; otherwise start a local redis-server if one is
+# installed but not running. Tests that need Redis skip (with a reason) without it.
+if [ -z "${REDIS_URL:-}" ]; then
+  if command -v redis-cli >/dev/null 2>&1 && redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    export KVROUTE_TEST_REDIS_URL=redis://127.0.0.1:6379/15
+  elif command -v redis-server >/dev/null 2>&1; then
+    echo "starting redis-server on 127.0.0.1:6379"
+    redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no >/dev/null
+    for _ in $(seq 1 50); do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.1; done
+    export KVROUTE_TEST_REDIS_URL=redis://127.0.0.1:6379/15
+  else
+    echo "redis-server not installed: Redis-backed tests will be skipped"
+  fi
+else
+  export KVROUTE_TEST_REDIS_URL="$REDIS_URL"
+fi
+
+echo "== import contract (routing.core stays pure)"
+$VENV/bin/lint-imports
+
+echo "== pytest (SQLite)"
+unset DATABASE_URL
+$VENV/bin/pytest -m "not vllm" "$@"
+
+pg_url="${TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/test}"
+if $VENV/bin/python - "$pg_url" <<'PY' >/dev/null 2>&1
+import sys, psycopg
+psycopg.connect(sys.argv[1], connect_timeout=3).close()
+PY
+then
+  echo "== pytest (Postgres: control-plane and telemetry tests)"
+  DATABASE_URL="$pg_url" $VENV/bin/pytest -m "not vllm and not browser" tests/controlplane "$@"
+else
+  echo "Postgres not reachable at $pg_url: skipping the Postgres pass"
+fi
