@@ -1,0 +1,146 @@
+"""predicted_ttft: estimate each candidate's time to first token in ms, pick the smallest."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+
+from routing.core.policies.base import (
+    cache_phrase,
+    cached_count,
+    impute_stale,
+    make_decision,
+    predicted_cached_tokens,
+    rank,
+    routable_candidates,
+    stale_note,
+    tie_breaks,
+)
+from routing.core.types import Decision, RequestFeatures, ScoreTerms, WorkerView
+
+
+class PredictedTtft:
+    """est_ttft_ms = queue_ms + prefill_ms + network_ms, per candidate; score = -est_ttft_ms.
+
+    - queue_ms = max(in-flight prefill tokens x speed, waiting x `waiting_request_ms`)
+      + running x `running_seq_ms`. The gateway's in-flight prefill and the scraped
+      waiting queue are the same queue seen from two sides, so the larger counts, not the
+      sum; running sequences share every step with our prefill and slow it down.
+    - prefill_ms = uncached prompt tokens x speed, where uncached = prompt tokens minus the
+      tokens the cached prefix will serve (the last prompt token is always recomputed).
+    - network_ms = 2 x the worker's one-way network_ms (request out, first token back).
+
+    speed is the worker's learned `prefill_ms_per_token` (EWMA from `LoadTracker`) or
+    this policy's `prefill_ms_per_token` when nothing has been learned yet. With
+    `temperature_ms` > 0 the pick is sampled with probability proportional to
+    exp(-(est - best_est) / temperature_ms), spreading load among near-equal workers.
+    """
+
+    name = "predicted_ttft"
+
+    def __init__(
+        self,
+        *,
+        prefill_ms_per_token: float = 0.1,
+        waiting_request_ms: float = 50.0,
+        running_seq_ms: float = 0.5,
+        temperature_ms: float = 0.0,
+        stale_after_s: float = 5.0,
+    ) -> None:
+        self.prefill_ms_per_token = prefill_ms_per_token
+        self.waiting_request_ms = waiting_request_ms
+        self.running_seq_ms = running_seq_ms
+        self.temperature_ms = temperature_ms
+        self.stale_after_s = stale_after_s
+
+    def estimate(
+        self, features: RequestFeatures, worker: WorkerView, blocks: int
+    ) -> dict[str, float]:
+        """The TTFT estimate's parts in ms for `worker` holding `blocks` leading blocks."""
+        speed = worker.prefill_ms_per_token
+        if speed is None or not math.isfinite(speed) or speed < 0:
+            speed = self.prefill_ms_per_token
+        queue_ms = (
+            max(
+                max(0, worker.inflight_prefill_tokens) * speed,
+                max(0, worker.waiting) * self.waiting_request_ms,
+            )
+            + max(0, worker.running) * self.running_seq_ms
+        )
+        uncached = max(0, features.prompt_tokens - predicted_cached_tokens(features, blocks))
+        prefill_ms = uncached * speed
+        network_ms = 2.0 * max(0.0, worker.network_ms)
+        return {
+            "est_ttft_ms": queue_ms + prefill_ms + network_ms,
+            "queue_ms": queue_ms,
+            "prefill_ms": prefill_ms,
+            "network_ms": network_ms,
+            "ms_per_token": speed,
+        }
+
+    def decide(
+        self,
+        features: RequestFeatures,
+        workers: Sequence[WorkerView],
+        cached_blocks: Mapping[str, int],
+        *,
+        now_s: float,
+        rng: random.Random,
+    ) -> Decision:
+        candidates = routable_candidates(features, workers)
+        views, stale = impute_stale(candidates, stale_after_s=self.stale_after_s)
+        tie = tie_breaks(views, rng)
+        scored: list[ScoreTerms] = []
+        for w in views:
+            blocks = cached_count(features, cached_blocks, w.id)
+            terms = self.estimate(features, w, blocks)
+            if w.id in stale:
+                terms["stale"] = 1.0
+            scored.append(
+                ScoreTerms(
+                    worker_id=w.id,
+                    score=-terms["est_ttft_ms"],
+                    cached_blocks=blocks,
+                    predicted_cached_tokens=predicted_cached_tokens(features, blocks),
+                    terms=terms,
+                    note="stale metrics" if w.id in stale else "",
+                )
+            )
+        ranked = rank(scored, tie)
+        sampled = ""
+        if self.temperature_ms > 0 and len(ranked) > 1:
+            chosen, p = self._sample(ranked, rng)
+            if chosen.worker_id != ranked[0].worker_id:
+                sampled = f"; sampled at temperature {self.temperature_ms:g} ms (p={p:.2f})"
+            ranked = (chosen, *(s for s in ranked if s is not chosen))
+        best = ranked[0]
+        t = best.terms
+        reason = (
+            f"{best.worker_id}: est TTFT {t['est_ttft_ms']:.1f} ms (queue {t['queue_ms']:.1f}"
+            f" + prefill {t['prefill_ms']:.1f} + network {t['network_ms']:.1f}), "
+            f"{cache_phrase(features, best)}"
+        )
+        if len(ranked) > 1:
+            runner = ranked[1]
+            reason += f"; best of {len(ranked)}, next {runner.worker_id} at {-runner.score:.1f} ms"
+        reason += sampled + stale_note(stale)
+        return make_decision(self.name, features, ranked, reason)
+
+    def _sample(
+        self, ranked: tuple[ScoreTerms, ...], rng: random.Random
+    ) -> tuple[ScoreTerms, float]:
+        # Softmax over -est / T, walked in id order so the draw maps to the same worker
+        # whatever order the candidates came in.
+        best_score = ranked[0].score
+        ordered = sorted(ranked, key=lambda s: s.worker_id)
+        weights = [math.exp((s.score - best_score) / self.temperature_ms) for s in ordered]
+        total = math.fsum(weights)
+        u = rng.random() * total
+        acc = 0.0
+        for s, weight in zip(ordered, weights, strict=True):
+            acc += weight
+            if u < acc:
+                return s, weight / total
+        # Rounding left u past the last bucket: the best worker is the safe answer.
+        return ranked[0], 1.0 / total
