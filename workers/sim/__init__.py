@@ -1,0 +1,1 @@
+"""Simulated vLLM engine: step model (engine.py), profiles, ASGI server, KV-event publisher."""
