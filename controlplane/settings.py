@@ -139,7 +139,45 @@ CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+# Telemetry (controlplane.telemetry): job intervals, sampling and retention ages.
+KVROUTE_TELEMETRY_SAMPLE_RATE = env_float("KVROUTE_TELEMETRY_SAMPLE_RATE", 1.0)
+KVROUTE_TELEMETRY_DRAIN_BATCH = env_int("KVROUTE_TELEMETRY_DRAIN_BATCH", 1000)
+KVROUTE_TELEMETRY_DRAIN_INTERVAL_S = env_float("KVROUTE_TELEMETRY_DRAIN_INTERVAL_S", 2.0)
+KVROUTE_TELEMETRY_SCRAPE_INTERVAL_S = env_float("KVROUTE_TELEMETRY_SCRAPE_INTERVAL_S", 5.0)
+KVROUTE_TELEMETRY_RESULTS_INTERVAL_S = env_float("KVROUTE_TELEMETRY_RESULTS_INTERVAL_S", 30.0)
+KVROUTE_TELEMETRY_RETENTION_INTERVAL_S = env_float("KVROUTE_TELEMETRY_RETENTION_INTERVAL_S", 600.0)
+KVROUTE_TELEMETRY_BOOTSTRAP_RESAMPLES = env_int("KVROUTE_TELEMETRY_BOOTSTRAP_RESAMPLES", 400)
+KVROUTE_TELEMETRY_RECORDS_MAX_AGE_S = env_float("KVROUTE_TELEMETRY_RECORDS_MAX_AGE_S", 7 * 86400.0)
+KVROUTE_TELEMETRY_MINUTE_ROLLUPS_MAX_AGE_S = env_float(
+    "KVROUTE_TELEMETRY_MINUTE_ROLLUPS_MAX_AGE_S", 2 * 86400.0
+)
+KVROUTE_TELEMETRY_HOUR_ROLLUPS_MAX_AGE_S = env_float(
+    "KVROUTE_TELEMETRY_HOUR_ROLLUPS_MAX_AGE_S", 90 * 86400.0
+)
+KVROUTE_TELEMETRY_FLEET_MAX_AGE_S = env_float("KVROUTE_TELEMETRY_FLEET_MAX_AGE_S", 2 * 86400.0)
+# The gateway's Prometheus page (per-worker BlockRemoved counts -> eviction rate); optional.
+KVROUTE_GATEWAY_METRICS_URL = os.environ.get("KVROUTE_GATEWAY_METRICS_URL", "")
+# What-if panel: how many recent recorded requests are replayed.
+KVROUTE_WHATIF_REQUESTS = env_int("KVROUTE_WHATIF_REQUESTS", 500)
+
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "telemetry.drain_request_stream": {
+        "task": "telemetry.drain_request_stream",
+        "schedule": KVROUTE_TELEMETRY_DRAIN_INTERVAL_S,
+    },
+    "telemetry.scrape_fleet": {
+        "task": "telemetry.scrape_fleet",
+        "schedule": KVROUTE_TELEMETRY_SCRAPE_INTERVAL_S,
+    },
+    "telemetry.experiment_results": {
+        "task": "telemetry.experiment_results",
+        "schedule": KVROUTE_TELEMETRY_RESULTS_INTERVAL_S,
+    },
+    "telemetry.retention": {
+        "task": "telemetry.retention",
+        "schedule": KVROUTE_TELEMETRY_RETENTION_INTERVAL_S,
+    },
+}
 
 LOGGING = {
     "version": 1,
