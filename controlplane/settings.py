@@ -47,7 +47,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
+    "controlplane.common",
     "controlplane.registry",
     "controlplane.policies",
     "controlplane.telemetry",
@@ -91,6 +93,9 @@ DATABASES = {
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # Take the write lock at BEGIN: concurrent writers then wait (up to `timeout`)
+    # instead of failing with "database is locked" when upgrading a read lock.
+    DATABASES["default"]["OPTIONS"]["transaction_mode"] = "IMMEDIATE"
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
@@ -126,6 +131,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Worker registry, versioned routing policies and A/B experiments.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI assets served from the drf-spectacular-sidecar package (no CDN, works offline).
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Reads of the control-plane API without a token: only on a trusted network.
