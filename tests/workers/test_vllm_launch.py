@@ -27,7 +27,7 @@ def test_cpu_argv_matches_the_cpu_build_invocation() -> None:
         events_port=5601,
         replay_port=5701,
         block_size=32,
-        max_model_len=2048,
+        max_model_len=1024,
         num_gpu_blocks_override=64,
         dtype="bfloat16",
         device="cpu",
@@ -45,7 +45,7 @@ def test_cpu_argv_matches_the_cpu_build_invocation() -> None:
     assert _after(argv, "--host") == "127.0.0.1"
     assert _after(argv, "--port") == "8301"
     assert _after(argv, "--block-size") == "32"
-    assert _after(argv, "--max-model-len") == "2048"
+    assert _after(argv, "--max-model-len") == "1024"
     assert _after(argv, "--num-gpu-blocks-override") == "64"
     assert _after(argv, "--dtype") == "bfloat16"
     assert "--enable-prefix-caching" in argv
@@ -124,6 +124,11 @@ def test_events_off_still_passes_a_valid_config() -> None:
         ({"model": "/m", "kv_cache_gb": -1}, "kv_cache_gb"),
         ({"model": "/m", "num_gpu_blocks_override": 1}, "num_gpu_blocks_override"),
         ({"model": "/m", "device": "tpu"}, "device"),
+        # vLLM refuses to start when one max-length request cannot fit in 63 usable blocks.
+        (
+            {"model": "/m", "device": "cpu", "num_gpu_blocks_override": 64, "max_model_len": 2048},
+            "max_model_len",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(kwargs: dict[str, object], field: str) -> None:
