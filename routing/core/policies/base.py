@@ -19,7 +19,6 @@ from typing import Protocol
 import xxhash
 
 from routing.core.errors import NoRoutableWorker
-from routing.core.load import is_stale
 from routing.core.types import Decision, RequestFeatures, ScoreTerms, WorkerView
 
 
@@ -110,7 +109,8 @@ def impute_stale(
     Returns the (possibly replaced) views in the same order and {worker id: metrics age s}
     for the stale ones. In-flight fields are the gateway's own and always fresh.
     """
-    stale = {w.id: w.metrics_age_s for w in candidates if is_stale(w, stale_after_s=stale_after_s)}
+    # Inlined `is_stale`: this runs on every decision over every candidate.
+    stale = {w.id: w.metrics_age_s for w in candidates if w.metrics_age_s > stale_after_s}
     if not stale or len(stale) == len(candidates):
         return list(candidates), stale
     fresh = [w for w in candidates if w.id not in stale]

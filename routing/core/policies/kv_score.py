@@ -11,7 +11,6 @@ from routing.core.policies.base import (
     impute_stale,
     load_of,
     make_decision,
-    predicted_cached_tokens,
     rank,
     routable_candidates,
     stale_note,
@@ -84,43 +83,52 @@ class KvScore:
         load_norm = max(max(loads), self.load_scale)
         prefill_norm = max(max(w.inflight_prefill_tokens for w in views), self.prefill_scale_tokens)
         network_norm = max(max(w.network_ms for w in views), self.network_scale_ms)
+        usable_blocks = max(0, (features.prompt_tokens - 1) // max(1, features.block_size))
+        tokens_per_block = max(1, features.block_size)
+        cache_w, discount = self.cache_weight, self.imbalance_cache_discount
+        queue_k = self.load_weight / load_norm
+        prefill_k = self.prefill_weight / prefill_norm
+        kv_w = self.kv_pressure_weight
+        network_k = self.network_weight / network_norm
+        guard_load = min_load + self.max_queue_imbalance
         guarded: dict[str, int] = {}
         scored: list[ScoreTerms] = []
+        # The hot loop of the gateway: plain arithmetic, no helper calls per candidate.
         for w, load in zip(views, loads, strict=True):
-            blocks = cached_count(features, cached_blocks, w.id)
+            blocks = cached_blocks.get(w.id, 0)
+            blocks = 0 if blocks <= 0 else (blocks if blocks < n_blocks else n_blocks)
             cache = blocks / n_blocks if n_blocks else 0.0
-            notes: list[str] = []
-            if blocks and load - min_load > self.max_queue_imbalance:
-                cache *= self.imbalance_cache_discount
+            note = ""
+            if blocks and load > guard_load:
+                cache *= discount
                 guarded[w.id] = load
-                notes.append(
-                    f"cache x{self.imbalance_cache_discount:g}: load {load} vs min {min_load}"
-                )
+                note = f"cache x{discount:g}: load {load} vs min {min_load}"
             if w.id in stale:
-                notes.append("stale metrics")
-            terms = {
-                "cache": cache * self.cache_weight,
-                "queue": -(load / load_norm) * self.load_weight,
-                "prefill": -(max(0, w.inflight_prefill_tokens) / prefill_norm)
-                * self.prefill_weight,
-                "kv_pressure": -min(1.0, max(0.0, w.kv_usage_frac)) * self.kv_pressure_weight,
-                "network": -(max(0.0, w.network_ms) / network_norm) * self.network_weight,
-            }
-            score = (
-                terms["cache"]
-                + terms["queue"]
-                + terms["prefill"]
-                + terms["kv_pressure"]
-                + terms["network"]
-            )
+                note = f"{note}; stale metrics" if note else "stale metrics"
+            kv = w.kv_usage_frac
+            kv = 0.0 if kv <= 0.0 else (1.0 if kv >= 1.0 else kv)
+            prefill_tokens = w.inflight_prefill_tokens if w.inflight_prefill_tokens > 0 else 0
+            network_ms = w.network_ms if w.network_ms > 0.0 else 0.0
+            c_cache = cache * cache_w
+            c_queue = -load * queue_k
+            c_prefill = -prefill_tokens * prefill_k
+            c_kv = -kv * kv_w
+            c_network = -network_ms * network_k
             scored.append(
                 ScoreTerms(
                     worker_id=w.id,
-                    score=score,
+                    score=c_cache + c_queue + c_prefill + c_kv + c_network,
                     cached_blocks=blocks,
-                    predicted_cached_tokens=predicted_cached_tokens(features, blocks),
-                    terms=terms,
-                    note="; ".join(notes),
+                    predicted_cached_tokens=(blocks if blocks < usable_blocks else usable_blocks)
+                    * tokens_per_block,
+                    terms={
+                        "cache": c_cache,
+                        "queue": c_queue,
+                        "prefill": c_prefill,
+                        "kv_pressure": c_kv,
+                        "network": c_network,
+                    },
+                    note=note,
                 )
             )
         ranked = rank(scored, tie)

@@ -8,7 +8,6 @@ from collections.abc import Mapping, Sequence
 
 from routing.core.policies.base import (
     cache_phrase,
-    cached_count,
     impute_stale,
     make_decision,
     predicted_cached_tokens,
@@ -91,20 +90,51 @@ class PredictedTtft:
         candidates = routable_candidates(features, workers)
         views, stale = impute_stale(candidates, stale_after_s=self.stale_after_s)
         tie = tie_breaks(views, rng)
+        tokens_per_block = max(1, features.block_size)
+        usable_blocks = max(0, (features.prompt_tokens - 1) // tokens_per_block)
+        n_blocks = len(features.block_keys)
+        prompt_tokens = max(0, features.prompt_tokens)
+        default_speed = self.prefill_ms_per_token
+        waiting_ms, running_ms = self.waiting_request_ms, self.running_seq_ms
         scored: list[ScoreTerms] = []
+        # The hot loop: `estimate` spelled out inline, no helper calls per candidate.
         for w in views:
-            blocks = cached_count(features, cached_blocks, w.id)
-            terms = self.estimate(features, w, blocks)
+            blocks = cached_blocks.get(w.id, 0)
+            blocks = 0 if blocks <= 0 else (blocks if blocks < n_blocks else n_blocks)
+            cached_tokens = (blocks if blocks < usable_blocks else usable_blocks) * tokens_per_block
+            speed = w.prefill_ms_per_token
+            if speed is None or not (0.0 <= speed < math.inf):
+                speed = default_speed
+            prefill_wait_ms = (
+                w.inflight_prefill_tokens if w.inflight_prefill_tokens > 0 else 0
+            ) * speed
+            waiting_wait_ms = (w.waiting if w.waiting > 0 else 0) * waiting_ms
+            queue_ms = (
+                prefill_wait_ms if prefill_wait_ms > waiting_wait_ms else waiting_wait_ms
+            ) + (w.running if w.running > 0 else 0) * running_ms
+            uncached = prompt_tokens - cached_tokens
+            prefill_ms = (uncached if uncached > 0 else 0) * speed
+            network_ms = 2.0 * w.network_ms if w.network_ms > 0.0 else 0.0
+            est_ms = queue_ms + prefill_ms + network_ms
+            terms = {
+                "est_ttft_ms": est_ms,
+                "queue_ms": queue_ms,
+                "prefill_ms": prefill_ms,
+                "network_ms": network_ms,
+                "ms_per_token": speed,
+            }
+            note = ""
             if w.id in stale:
                 terms["stale"] = 1.0
+                note = "stale metrics"
             scored.append(
                 ScoreTerms(
                     worker_id=w.id,
-                    score=-terms["est_ttft_ms"],
+                    score=-est_ms,
                     cached_blocks=blocks,
-                    predicted_cached_tokens=predicted_cached_tokens(features, blocks),
+                    predicted_cached_tokens=cached_tokens,
                     terms=terms,
-                    note="stale metrics" if w.id in stale else "",
+                    note=note,
                 )
             )
         ranked = rank(scored, tie)

@@ -389,6 +389,7 @@ def test_predicted_ttft_estimate_parts() -> None:
     assert terms["est_ttft_ms"] == pytest.approx(202.0 + 65.0 + 4.0)
     assert d.ranked[0].score == pytest.approx(-terms["est_ttft_ms"])
     assert "est TTFT 271.0 ms (queue 202.0 + prefill 65.0 + network 4.0)" in d.reason
+    assert PredictedTtft().estimate(f, w, 20) == pytest.approx(terms)
 
 
 def test_predicted_ttft_prefers_the_cached_worker_until_its_queue_outweighs_the_saving() -> None:
