@@ -298,10 +298,11 @@ def params_schema(name: str) -> dict[str, Any]:
             "default": pspec.default,
             "description": pspec.help,
         }
+        bound = int if pspec.type == "int" else float
         if pspec.min is not None:
-            prop["minimum"] = pspec.min
+            prop["minimum"] = bound(pspec.min)
         if pspec.max is not None:
-            prop["maximum"] = pspec.max
+            prop["maximum"] = bound(pspec.max)
         if pspec.choices:
             prop["enum"] = list(pspec.choices)
         properties[key] = prop

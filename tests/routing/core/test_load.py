@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from routing.core.load import LoadTracker, is_stale, metrics_age_s
 from routing.core.types import WorkerView
@@ -140,3 +142,40 @@ def test_staleness_helpers() -> None:
     assert is_stale(view(metrics_age_s=6.0), stale_after_s=5.0)
     assert not is_stale(view(metrics_age_s=5.0), stale_after_s=5.0)
     assert is_stale(view(metrics_age_s=math.inf), stale_after_s=5.0)
+
+
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["dispatch", "first_token", "complete", "fail", "annotate"]),
+        st.sampled_from(["r0", "r1", "r2", "r3", "r4"]),
+        st.sampled_from(["w0", "w1", "w2"]),
+        st.integers(0, 5000),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=40, deadline=None, database=None)
+@given(OPS)
+def test_counts_always_match_the_requests_still_in_flight(
+    ops: list[tuple[str, str, str, int]],
+) -> None:
+    t = LoadTracker(max_age_s=1e9)
+    model: dict[str, tuple[str, int, bool]] = {}  # request -> (worker, tokens, prefill pending)
+    for step, (op, request_id, worker_id, tokens) in enumerate(ops):
+        now_s = float(step)
+        if op == "dispatch":
+            t.dispatch(request_id, worker_id, uncached_tokens=tokens, now_s=now_s)
+            model[request_id] = (worker_id, tokens, True)
+        elif op == "first_token":
+            t.first_token(request_id, now_s=now_s)
+            if request_id in model:
+                model[request_id] = (*model[request_id][:2], False)
+        elif op in ("complete", "fail"):
+            getattr(t, op)(request_id, now_s=now_s)
+            model.pop(request_id, None)
+        else:
+            t.annotate([view("w0")], now_s=now_s)
+        for w in ("w0", "w1", "w2"):
+            mine = [v for v in model.values() if v[0] == w]
+            assert t.inflight(w) == (len(mine), sum(v[1] for v in mine if v[2]))
