@@ -30,8 +30,11 @@ class PredictedTtft:
       tokens the cached prefix will serve (the last prompt token is always recomputed).
     - network_ms = 2 x the worker's one-way network_ms (request out, first token back).
 
-    speed is the worker's learned `prefill_ms_per_token` (EWMA from `LoadTracker`) or
-    this policy's `prefill_ms_per_token` when nothing has been learned yet. With
+    speed is the worker's learned `prefill_ms_per_token` (EWMA from `LoadTracker`). A
+    worker with no learned speed yet gets the median of the candidates' learned speeds
+    (same model, usually same hardware), else this policy's `prefill_ms_per_token`:
+    judging an unused worker by a prior slower than its peers' measured speed would keep
+    it unused forever, since only traffic teaches its speed. With
     `temperature_ms` > 0 the pick is sampled with probability proportional to
     exp(-(est - best_est) / temperature_ms), spreading load among near-equal workers.
     """
@@ -53,13 +56,30 @@ class PredictedTtft:
         self.temperature_ms = temperature_ms
         self.stale_after_s = stale_after_s
 
+    def prior_ms_per_token(self, workers: Sequence[WorkerView]) -> float:
+        """Speed assumed for a worker with none learned: the median learned one, or the default."""
+        learned = sorted(
+            w.prefill_ms_per_token
+            for w in workers
+            if w.prefill_ms_per_token is not None and 0.0 <= w.prefill_ms_per_token < math.inf
+        )
+        if not learned:
+            return self.prefill_ms_per_token
+        mid = len(learned) // 2
+        return learned[mid] if len(learned) % 2 else (learned[mid - 1] + learned[mid]) / 2.0
+
     def estimate(
-        self, features: RequestFeatures, worker: WorkerView, blocks: int
+        self,
+        features: RequestFeatures,
+        worker: WorkerView,
+        blocks: int,
+        *,
+        prior_ms_per_token: float | None = None,
     ) -> dict[str, float]:
         """The TTFT estimate's parts in ms for `worker` holding `blocks` leading blocks."""
         speed = worker.prefill_ms_per_token
         if speed is None or not math.isfinite(speed) or speed < 0:
-            speed = self.prefill_ms_per_token
+            speed = self.prefill_ms_per_token if prior_ms_per_token is None else prior_ms_per_token
         queue_ms = (
             max(
                 max(0, worker.inflight_prefill_tokens) * speed,
@@ -94,7 +114,7 @@ class PredictedTtft:
         usable_blocks = max(0, (features.prompt_tokens - 1) // tokens_per_block)
         n_blocks = len(features.block_keys)
         prompt_tokens = max(0, features.prompt_tokens)
-        default_speed = self.prefill_ms_per_token
+        default_speed = self.prior_ms_per_token(views)
         waiting_ms, running_ms = self.waiting_request_ms, self.running_seq_ms
         scored: list[ScoreTerms] = []
         # The hot loop: `estimate` spelled out inline, no helper calls per candidate.

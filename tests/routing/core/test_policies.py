@@ -423,3 +423,20 @@ def test_predicted_ttft_temperature_samples_near_equal_workers() -> None:
         assert d.ranked[0].worker_id == d.worker_id
         assert len(d.ranked) == 3
     assert any("sampled at temperature 5 ms" in d.reason for d in sampled)
+
+
+def test_predicted_ttft_judges_an_unused_worker_by_its_peers_learned_speed() -> None:
+    # Served workers learned 0.06 ms/token; a new one must not look slower (default 0.1)
+    # than them, or it would never get the traffic that teaches its speed.
+    f = request(10, prompt_tokens=165)
+    workers = [
+        worker("busy-a", prefill_ms_per_token=0.06, running=10),
+        worker("busy-b", prefill_ms_per_token=0.05, running=10),
+        worker("busy-c", prefill_ms_per_token=0.07, running=10),
+        worker("new"),
+    ]
+    d = decide(PredictedTtft(prefill_ms_per_token=0.1), workers, {}, f)
+    assert d.worker_id == "new"
+    assert d.ranked[0].terms["ms_per_token"] == pytest.approx(0.06)
+    alone = decide(PredictedTtft(prefill_ms_per_token=0.1), [worker("new")], {}, f)
+    assert alone.ranked[0].terms["ms_per_token"] == 0.1
