@@ -609,7 +609,11 @@ class SimWorker:
         while True:
             item = await stream.items.get()
             if item is None:
-                return  # client disconnected
+                # Client gone (uvicorn drops the write) or engine stopping (tell the client).
+                await _send_json(
+                    send, 503, _error_body("the engine stopped", status=503, param=None)
+                )
+                return
             if isinstance(item, TokenOutput):
                 ids.append(item.token_id)
                 continue
@@ -667,6 +671,7 @@ class SimWorker:
         while True:
             item = await stream.items.get()
             if item is None:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
                 return
             chunks: list[str] = []
             done: FinishedRequest | None = None
