@@ -499,6 +499,10 @@ def build_gateway_state(
     async callable returning one), `config.control_plane_url` (HTTP), else the control plane
     in this process (`controlplane.snapshot.routing_snapshot`, needs Django set up)."""
     config = config or GatewayConfig.from_env()
+    httpx_log = logging.getLogger("httpx")
+    if httpx_log.level == logging.NOTSET:
+        # httpx logs every request at INFO: one line per proxied request is too much.
+        httpx_log.setLevel(logging.WARNING)
     client_for_http: list[httpx.AsyncClient] = []
     if isinstance(snapshot, Mapping):
         source: SnapshotSource = StaticSnapshotSource(snapshot)
