@@ -27,6 +27,9 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
     if db["ENGINE"].endswith("sqlite3"):
         path = os.path.join(tempfile.gettempdir(), f"kvroute-test-cp-{os.getpid()}.sqlite3")
         db.setdefault("TEST", {})["NAME"] = path
+    elif not db.get("TEST", {}).get("NAME"):
+        # Several engineers' suites share one Postgres: a test database per process.
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -58,7 +58,10 @@ def test_worker_token_manages_its_own_workers_only(
     agent_a = client_with(make_token("worker", name="agent-a"))
     agent_b = client_with(make_token("worker", name="agent-b"))
     assert agent_a.post("/api/workers/", worker_body("w-a"), format="json").status_code == 201
-    assert agent_a.post("/api/workers/w-a/heartbeat/", {"running": 1}, format="json").status_code == 200
+    assert (
+        agent_a.post("/api/workers/w-a/heartbeat/", {"running": 1}, format="json").status_code
+        == 200
+    )
     # Another agent may neither heartbeat, drain, re-register nor delete it.
     assert agent_b.post("/api/workers/w-a/heartbeat/", {}, format="json").status_code == 403
     assert agent_b.post("/api/workers/w-a/drain/").status_code == 403
@@ -114,7 +117,9 @@ def test_createapitoken_prints_a_working_secret_once() -> None:
     assert secret.startswith("kvr_")
     row = ApiToken.objects.get(name="ci")
     assert secret not in (row.token_hash, row.prefix)  # only a hash is stored
-    assert client_with(secret).post("/api/workers/", worker_body(), format="json").status_code == 201
+    assert (
+        client_with(secret).post("/api/workers/", worker_body(), format="json").status_code == 201
+    )
     row.refresh_from_db()
     assert row.last_used_at is not None
     with pytest.raises(CommandError, match="already exists"):
