@@ -155,7 +155,7 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=40, deadline=None, database=None)
+@settings(max_examples=25, deadline=None, database=None)
 @given(OPS)
 def test_counts_always_match_the_requests_still_in_flight(
     ops: list[tuple[str, str, str, int]],

@@ -15,12 +15,12 @@ from routing.core.registry import POLICIES, ParamSpec, build_policy, validate_pa
 from routing.core.types import RequestFeatures, WorkerView
 
 MODELS = ("m1", "m2")
-FAST = settings(max_examples=25, deadline=None, database=None)
+FAST = settings(max_examples=20, deadline=None, database=None)
 
 
 @st.composite
 def fleets(draw: st.DrawFn, *, min_size: int = 0) -> list[WorkerView]:
-    n = draw(st.integers(min_value=min_size, max_value=7))
+    n = draw(st.integers(min_value=min_size, max_value=6))
     workers = []
     for i in range(n):
         workers.append(
@@ -116,7 +116,7 @@ def test_decision_is_a_routable_worker_of_the_model_or_no_routable_worker(
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))
-@settings(max_examples=12, deadline=None, database=None)
+@settings(max_examples=8, deadline=None, database=None)
 @given(data=st.data(), seed=st.integers(0, 2**32))
 def test_candidate_order_does_not_change_the_decision(
     name: str, data: st.DataObject, seed: int
