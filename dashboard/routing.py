@@ -2,4 +2,10 @@
 
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from dashboard.consumers import DashboardConsumer
+
+websocket_urlpatterns = [
+    path("ws/dashboard/", DashboardConsumer.as_asgi()),
+]

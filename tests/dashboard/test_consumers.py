@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, User
+
+from controlplane.jobs import EmbeddedScheduler
+from controlplane.telemetry.sources import MemorySinkSource
+from dashboard.consumers import CLOSE_UNAUTHENTICATED
+from dashboard.routing import websocket_urlpatterns
+from routing.gateway.records import MemorySink
+from tests.controlplane.telemetry.test_drain import make_record
+
+APP = URLRouter(websocket_urlpatterns)
+
+
+def communicator(user: object) -> WebsocketCommunicator:
+    comm = WebsocketCommunicator(APP, "/ws/dashboard/")
+    comm.scope["user"] = user
+    return comm
+
+
+async def test_anonymous_sockets_are_refused() -> None:
+    comm = communicator(AnonymousUser())
+    connected, code = await comm.connect()
+    assert not connected and code == CLOSE_UNAUTHENTICATED
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_group_updates_reach_the_page_and_pause_stops_them() -> None:
+    user = await database_sync_to_async(User.objects.create_user)("u", password="p-123-abc")
+    comm = communicator(user)
+    connected, _ = await comm.connect()
+    assert connected
+    assert (await comm.receive_json_from())["kind"] == "hello"
+    layer = get_channel_layer()
+    msg = {"type": "dashboard.update", "kind": "overview", "points": [{"t": "x", "rps": 1.0}]}
+    await layer.group_send("dashboard", msg)
+    got = await comm.receive_json_from(timeout=2)
+    assert got == {"kind": "overview", "points": [{"t": "x", "rps": 1.0}]}
+
+    await comm.send_json_to({"action": "pause"})
+    await comm.send_json_to({"action": "ping"})
+    assert (await comm.receive_json_from())["kind"] == "pong"  # pause took effect before this
+    await layer.group_send("dashboard", msg)
+    assert await comm.receive_nothing(timeout=0.3)
+    await comm.send_json_to({"action": "resume"})
+    await comm.send_json_to({"action": "ping"})
+    assert (await comm.receive_json_from())["kind"] == "pong"
+    await layer.group_send("dashboard", msg)
+    assert (await comm.receive_json_from(timeout=2))["kind"] == "overview"
+
+    await comm.send_json_to({"action": "dance"})
+    assert (await comm.receive_json_from())["kind"] == "error"
+    await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_embedded_scheduler_pushes_drained_minutes_to_the_socket() -> None:
+    """The scheduler thread drains the in-process sink and publishes on the serving loop."""
+    user = await database_sync_to_async(User.objects.create_user)("u2", password="p-123-abc")
+    comm = communicator(user)
+    assert (await comm.connect())[0]
+    await comm.receive_json_from()  # hello
+    sink = MemorySink()
+    sink.append_many([make_record(i) for i in range(20)])
+    scheduler = EmbeddedScheduler(
+        source=MemorySinkSource(sink, name="m"), loop=asyncio.get_running_loop(), targets=[]
+    )
+    ran = await asyncio.to_thread(scheduler.run_due, now_s=0.0)
+    assert ran == ["drain_request_stream", "scrape_fleet", "experiment_results", "retention"]
+    assert all(j.failures == 0 for j in scheduler.jobs), [j.last_error for j in scheduler.jobs]
+    got = await comm.receive_json_from(timeout=3)
+    assert got["kind"] == "overview"
+    assert [p["requests"] for p in got["points"]] == [20]
+    # Nothing is due again before the interval passes.
+    assert await asyncio.to_thread(scheduler.run_due, now_s=0.1) == []
+    await comm.disconnect()
