@@ -49,7 +49,9 @@ class ServerThread:
     """uvicorn serving `app` on a loopback socket from a daemon thread."""
 
     def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", lifespan: str = "on") -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
+        # proto says TCP, and without it Nagle + delayed ACK add ~40 ms per keep-alive reply.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = self.sock.getsockname()[:2]

@@ -53,7 +53,7 @@ class SimFleet:
         )
         worker = SimWorker(cfg)
         await worker.start()
-        sock = socket.socket()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
         server = uvicorn.Server(uvicorn.Config(worker, log_level="warning", lifespan="off", access_log=False, http="httptools", loop="asyncio"))
