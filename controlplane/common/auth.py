@@ -24,9 +24,9 @@ TOKEN_PREFIX = "kvr_"
 # last_used_at is bookkeeping, not an audit log: refresh it at most this often.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
-OPERATOR = ApiToken.Scope.OPERATOR.value
-WORKER = ApiToken.Scope.WORKER.value
-READ = ApiToken.Scope.READ.value
+OPERATOR = "operator"
+WORKER = "worker"
+READ = "read"
 
 
 def token_hash(secret: str) -> str:

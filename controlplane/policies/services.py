@@ -278,7 +278,7 @@ def experiment_create(
     model: str,
     arms: Sequence[Mapping[str, Any]],
     actor: Actor,
-    sticky_key: str = Experiment.StickyKey.SESSION,
+    sticky_key: str = "session",
     shadow_version_id: int | None = None,
     description: str = "",
 ) -> Experiment:
