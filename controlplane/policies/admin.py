@@ -67,8 +67,16 @@ class ActiveVersionAdmin(ReadOnlyAdmin):
 
 
 class ExperimentArmInline(admin.TabularInline):
+    # Arms are validated together (shares sum to 100, versions of the experiment's model)
+    # by experiment_create; the admin shows them only.
     model = ExperimentArm
+    fields = ("name", "version", "share")
+    readonly_fields = fields
     extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Experiment)

@@ -169,9 +169,15 @@ class SnapshotSerializer(serializers.Serializer):
 class RoutingSnapshotApi(ApiView):
     @extend_schema(
         tags=["gateway"],
-        responses={200: SnapshotSerializer, **ERRORS},
-        description="Everything a gateway routes on, in one document (docs/contracts.md).",
+        responses={200: SnapshotSerializer, 304: None, **ERRORS},
+        description=(
+            "Everything a gateway routes on, in one document (docs/contracts.md). The ETag is "
+            "the revision: send it as If-None-Match to get 304 when nothing changed."
+        ),
     )
     def get(self, request: Request) -> Response:
         document: dict[str, Any] = routing_snapshot()
-        return Response(document)
+        etag = f'"{document["revision"]}"'
+        if etag in {t.strip() for t in request.headers.get("If-None-Match", "").split(",")}:
+            return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+        return Response(document, headers={"ETag": etag})

@@ -217,3 +217,15 @@ def test_nothing_is_published_when_the_transaction_rolls_back(
         raise RuntimeError("abort")
     assert callbacks == []
     assert not Worker.objects.filter(name="doomed").exists()
+
+
+def test_snapshot_etag_is_the_revision(operator: APIClient, reader: APIClient) -> None:
+    fleet(operator)
+    first = reader.get("/api/routing-snapshot/")
+    etag = first["ETag"]
+    assert etag == f'"{first.json()["revision"]}"'
+    unchanged = reader.get("/api/routing-snapshot/", HTTP_IF_NONE_MATCH=etag)
+    assert unchanged.status_code == 304 and unchanged["ETag"] == etag
+    operator.post("/api/workers/sim-1/drain/")
+    changed = reader.get("/api/routing-snapshot/", HTTP_IF_NONE_MATCH=etag)
+    assert changed.status_code == 200 and changed["ETag"] != etag
