@@ -23,7 +23,7 @@ import zmq
 import zmq.asyncio
 
 from routing.core.errors import MalformedEvent
-from routing.core.events import EventBatch, decode_message, is_replay_end
+from routing.core.events import BlockRemoved, EventBatch, decode_message, is_replay_end
 from routing.core.index import PrefixIndex
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,7 @@ class StreamStatus:
     gaps: int = 0
     replayed: int = 0
     malformed: int = 0
+    blocks_removed: int = 0  # BlockRemoved hashes applied: the worker's eviction count
     error: str = ""
 
 
@@ -110,6 +111,9 @@ class KvEventSubscriber:
 
     def _apply(self, batch: EventBatch, *, now_s: float) -> None:
         self.index.apply(self.worker_id, batch.ops, now_s=now_s)
+        self.status.blocks_removed += sum(
+            len(op.engine_hashes) for op in batch.ops if isinstance(op, BlockRemoved)
+        )
         self.status.last_seq = batch.seq
         self.status.batches += 1
         self.status.last_event_s = now_s

@@ -454,6 +454,11 @@ class GatewayState:
             inflight.add_metric([w.id], self.load.inflight(w.id)[0])
             breaker.add_metric([w.id], 0 if self.breakers.state(w.id, now_s=now_s) == "closed" else 1)
         yield from (lag, state, age, inflight, breaker)
+        # Read by telemetry's scrape_fleet for the dashboard's eviction rate.
+        removed = m.counter(m.KV_BLOCKS_REMOVED, "BlockRemoved hashes applied per worker (evictions).", ["worker"])
+        for wid, sub in self.subscribers.items():
+            removed.add_metric([wid], sub.status.blocks_removed)
+        yield removed
         dropped = m.gauge(m.RECORDS_DROPPED, "Request records dropped (buffer full or sink down).")
         dropped.add_metric([], self.records.dropped)
         yield dropped
