@@ -61,6 +61,9 @@ def test_admin_lists_every_model_and_versions_are_read_only() -> None:
         "/admin/common/apitoken/",
     ]:
         assert client.get(url).status_code == 200, url
+    experiment = Experiment.objects.get()
+    page = client.get(f"/admin/policies/experiment/{experiment.pk}/change/")
+    assert page.status_code == 200 and b'name="arms-0-share"' not in page.content  # arms read-only
     version = PolicyVersion.objects.first()
     assert version is not None
     assert client.get("/admin/policies/policyversion/add/").status_code == 403

@@ -229,3 +229,39 @@ def test_snapshot_etag_is_the_revision(operator: APIClient, reader: APIClient) -
     operator.post("/api/workers/sim-1/drain/")
     changed = reader.get("/api/routing-snapshot/", HTTP_IF_NONE_MATCH=etag)
     assert changed.status_code == 200 and changed["ETag"] != etag
+
+
+def test_the_gateway_parses_the_snapshot(operator: APIClient, reader: APIClient) -> None:
+    # Both sides of the seam: the control plane's document through the gateway's parser.
+    from routing.gateway.snapshot import parse_snapshot
+
+    fleet(operator)
+    operator.post("/api/workers/sim-1/drain/")
+    operator.post("/api/workers/", worker_body("sim-2"), format="json")
+    operator.patch("/api/workers/sim-2/", {"state": "disabled"}, format="json")
+    operator.post(
+        "/api/experiments/",
+        {
+            "name": "ab",
+            "model": "sim-8b",
+            "arms": [
+                {"policy": "kv", "version": 1, "share": 50},
+                {"policy": "least", "version": 1, "share": 50},
+            ],
+            "shadow_version_id": operator.get("/api/policies/least/").json()["versions"][0][
+                "version_id"
+            ],
+        },
+        format="json",
+    )
+    operator.post("/api/experiments/ab/start/")
+    snapshot = parse_snapshot(reader.get("/api/routing-snapshot/").json())
+    assert [(w.id, w.state) for w in snapshot.workers] == [
+        ("sim-0", "active"),
+        ("sim-1", "draining"),
+    ]
+    assert snapshot.workers[0].kv_events_endpoint == "tcp://127.0.0.1:5601"
+    route = snapshot.models["sim-8b"]
+    assert route.active is not None and route.experiment is not None
+    assert [(a.name, a.share) for a in route.experiment.arms] == [("A", 50.0), ("B", 50.0)]
+    assert route.experiment.shadow is not None
