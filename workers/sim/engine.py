@@ -9,7 +9,7 @@ API (all times are model seconds, all durations model seconds)::
     engine.add_request(request_id="r1", prompt_token_ids=[...], max_tokens=64,
                        arrival_s=now_s, ignore_eos=True)    # raises RequestRejected
     while engine.has_work():                                # discrete-event loop
-        t = max(t, engine.next_step_time_s(now_s=t))        # == t when idle-but-busy
+        t = engine.next_step_time_s(now_s=t)                # >= t
         result = engine.step(now_s=t)                       # schedules one batch
         t = result.end_s                                    # outputs become visible here
         result.events     # KV ops (routing.core.events) in publish order, one batch per step
@@ -20,7 +20,9 @@ API (all times are model seconds, all durations model seconds)::
 `step(now_s)` models the whole step: it schedules a batch at `now_s`, takes
 `duration_s`, and reports what exists at `end_s = now_s + duration_s` (sampled tokens,
 finished requests, KV events). A driver must not call `step` again before `end_s`.
-`next_step_time_s(now_s)` is `max(now_s, busy_until_s)` while there is work, else None.
+`next_step_time_s(now_s)` is `max(now_s, busy_until_s)` while there is work (or the queue
+head's `arrival_s` when nothing runs: a step never admits a request that arrives after it
+starts), else None.
 
 Rules modelled (vLLM v1, checked against a recorded trace of a real engine):
 - `num_blocks` includes the reserved null block: `num_blocks - 1` are usable.
@@ -300,7 +302,10 @@ class Engine:
         """When the next step can start (model seconds), or None when idle."""
         if not self.has_work():
             return None
-        return max(now_s, self._busy_until_s)
+        t = max(now_s, self._busy_until_s)
+        if not self._running:
+            t = max(t, self._waiting[0].arrival_s)
+        return t
 
     def cached_prefix_tokens(self, prompt_token_ids: list[int]) -> int:
         """How many prompt tokens a request would get from the cache right now."""
@@ -359,6 +364,8 @@ class Engine:
         if not preempted:
             while self._waiting and budget > 0 and len(self._running) < self.profile.max_num_seqs:
                 req = self._waiting[0]
+                if req.arrival_s > now_s:
+                    break  # not arrived yet at this step's start (FCFS: nobody behind it either)
                 hits: list[_Block] = []
                 if req.num_computed == 0 and self.enable_prefix_caching:
                     hits = self._find_hit_blocks(req.token_ids, req.block_hashes)

@@ -20,7 +20,7 @@ import time
 import uuid
 from array import array
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import zmq.asyncio
@@ -124,6 +124,7 @@ class WorkerConfig:
     enable_prefix_caching: bool = True
     eos_range: tuple[int, int] | None = (64, 512)
     vocab_size: int = 128_256
+    catch_up_wall_s: float = 0.010
     engine_label: str = "0"
 
 
@@ -145,6 +146,25 @@ class StepTiming:
         if err > 0.05:
             self.late_steps += 1
         self.rel_errors.append(err)
+
+    def summary(self) -> dict[str, float | int]:
+        """Totals plus percentiles of per-step relative error (actual / model - 1)."""
+        errs = sorted(self.rel_errors)
+
+        def pct(q: float) -> float:
+            return errs[min(len(errs) - 1, int(q * len(errs)))] if errs else 0.0
+
+        return {
+            "steps": self.steps,
+            "model_wall_s": self.model_wall_s,
+            "actual_wall_s": self.actual_wall_s,
+            "mean_rel_error": self.actual_wall_s / self.model_wall_s - 1.0
+            if self.model_wall_s
+            else 0.0,
+            "late_steps": self.late_steps,
+            "p50_rel_error": pct(0.5),
+            "p99_rel_error": pct(0.99),
+        }
 
 
 class BadRequest(Exception):
@@ -264,6 +284,7 @@ class SimWorker:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._t0 = 0.0
+        self._lag_s = 0.0
         self._created = int(time.time())
         self._zmq_ctx = zmq_ctx
         self._own_ctx = False
@@ -335,31 +356,53 @@ class SimWorker:
             self._zmq_ctx.term()
 
     def model_now_s(self) -> float:
-        return (asyncio.get_running_loop().time() - self._t0) / self.config.time_scale
+        """The engine's clock: scaled wall time minus the lag it is allowed to carry."""
+        return (asyncio.get_running_loop().time() - self._t0) / self.config.time_scale - self._lag_s
 
     # -- the step loop ------------------------------------------------------------------
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         scale = self.config.time_scale
+        # Back-to-back steps keep the model's clock exact: a step delivered a little late
+        # (timer granularity, a busy loop) is absorbed by starting the next one at the
+        # model's end time, up to `catch_up_wall_s`. Later than that is overload: the
+        # clock slips and the slower steps show up in the timing stats.
+        slack_s = self.config.catch_up_wall_s / scale
+        chaining = False
+        prev_delivery_wall = 0.0
         while True:
             if not self.engine.has_work():
+                chaining = False
+                self._lag_s = 0.0
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            started_wall = loop.time()
-            start_s = max((started_wall - self._t0) / scale, self.engine.busy_until_s)
+            now_wall = loop.time()
+            raw_s = (now_wall - self._t0) / scale
+            self._lag_s = (
+                min(max(raw_s - self.engine.busy_until_s, 0.0), slack_s) if chaining else 0.0
+            )
+            start_s = raw_s - self._lag_s
+            next_s = self.engine.next_step_time_s(now_s=start_s)
+            if next_s is not None and next_s > start_s:
+                # The queue head arrives in the model's future: wait for it, not spin.
+                await asyncio.sleep((next_s - start_s) * scale)
+                continue
             result = self.engine.step(now_s=start_s)
-            target_wall = self._t0 + result.end_s * scale
-            delay = target_wall - loop.time()
-            # A step whose output arrives late is what overload looks like; never catch up
-            # by shortening the next one.
+            if result.duration_s <= 0:
+                chaining = False
+                await asyncio.sleep(0)
+                continue
+            delay = self._t0 + result.end_s * scale - loop.time()
             await asyncio.sleep(max(delay, 0.0))
-            if result.duration_s > 0:
-                self.timing.record(
-                    model_s=result.duration_s * scale,
-                    actual_s=loop.time() - (self._t0 + start_s * scale),
-                )
+            delivered_wall = loop.time()
+            # Observed step time: the gap between deliveries (what a client sees as ITL),
+            # or from the start of the step after an idle period.
+            anchor = prev_delivery_wall if chaining else now_wall
+            self.timing.record(model_s=result.duration_s * scale, actual_s=delivered_wall - anchor)
+            prev_delivery_wall = delivered_wall
+            chaining = True
             await self._deliver(result)
 
     async def _deliver(self, result: StepResult) -> None:
@@ -440,6 +483,13 @@ class SimWorker:
                     200,
                     generate_latest(self.registry),
                     "text/plain; version=0.0.4; charset=utf-8",
+                )
+            elif path == "/sim/stats" and method == "GET":
+                # Not part of vLLM: the simulator's own fidelity numbers (bench/sim_bench.py).
+                await _send_json(
+                    tracked_send,
+                    200,
+                    {"timing": self.timing.summary(), "engine": asdict(self.engine.stats())},
                 )
             elif path == "/v1/models" and method == "GET":
                 await _send_json(tracked_send, 200, self._models())
