@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -76,6 +77,7 @@ class EmbeddedScheduler:
         results_interval_s: float | None = None,
         retention_interval_s: float | None = None,
         targets: Any = None,
+        evictions_getter: Callable[[], Any] | None = None,
         tick_s: float = 0.2,
     ) -> None:
         from controlplane.telemetry import tasks
@@ -95,7 +97,9 @@ class EmbeddedScheduler:
             Job(
                 "scrape_fleet",
                 scrape_interval_s or settings.KVROUTE_TELEMETRY_SCRAPE_INTERVAL_S,
-                lambda: tasks.scrape_fleet_run(targets=targets, publish=publish),
+                lambda: tasks.scrape_fleet_run(
+                    targets=targets, publish=publish, evictions_getter=evictions_getter
+                ),
             ),
             Job(
                 "experiment_results",
@@ -155,3 +159,65 @@ class EmbeddedScheduler:
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+
+def embedded_jobs_enabled() -> bool:
+    """KVROUTE_EMBEDDED_JOBS=1 (set by `make demo` for the web process when REDIS_URL is
+    unset) asks the web process to run the jobs itself."""
+    return os.environ.get("KVROUTE_EMBEDDED_JOBS", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def gateway_record_source() -> Any:
+    """The request records of the gateway in this process: its in-process MemorySink, or
+    the Redis stream when the gateway writes there (None when neither is available)."""
+    from controlplane.telemetry.sources import MemorySinkSource
+    from controlplane.telemetry.tasks import default_source
+    from routing.gateway.records import MemorySink
+    from routing.gateway.routing import gateway
+
+    sink = getattr(getattr(gateway.state, "records", None), "sink", None)
+    if isinstance(sink, MemorySink):
+        return MemorySinkSource(sink)
+    return default_source()
+
+
+def gateway_evictions() -> dict[str, float]:
+    """BlockRemoved counts per worker from the gateway in this process ({} without one)."""
+    from routing.gateway.routing import gateway
+
+    subscribers = getattr(gateway.state, "subscribers", None) or {}
+    try:
+        return {wid: float(sub.status.blocks_removed) for wid, sub in list(subscribers.items())}
+    except RuntimeError:  # the gateway's loop changed the dict mid-copy; next scrape catches up
+        return {}
+
+
+def with_embedded_jobs(inner: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an ASGI lifespan app: once it reports startup complete, start the embedded
+    scheduler on this loop (when enabled); stop it before the inner app shuts down."""
+
+    async def app(
+        scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
+    ) -> None:
+        scheduler: EmbeddedScheduler | None = None
+
+        async def send_wrapper(message: dict[str, Any]) -> None:
+            nonlocal scheduler
+            if message["type"] == "lifespan.startup.complete" and embedded_jobs_enabled():
+                scheduler = EmbeddedScheduler(
+                    source=gateway_record_source(),
+                    loop=asyncio.get_running_loop(),
+                    evictions_getter=gateway_evictions,
+                ).start()
+                logger.info("embedded job scheduler started")
+            await send(message)
+
+        async def receive_wrapper() -> dict[str, Any]:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown" and scheduler is not None:
+                await asyncio.to_thread(scheduler.stop)
+            return message
+
+        await inner(scope, receive_wrapper, send_wrapper)
+
+    return app

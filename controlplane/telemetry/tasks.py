@@ -148,10 +148,12 @@ def scrape_fleet_run(
     now_s: float | None = None,
     publish: Callable[[dict], None] | None = None,
     gateway_metrics_url: str | None = None,
+    evictions_getter: Callable[[], Mapping[str, float]] | None = None,
     timeout_s: float = 2.0,
 ) -> list[Any]:
-    """Scrape every worker's /metrics once and store one FleetSample each; evictions come
-    from the gateway's per-worker BlockRemoved counter when its metrics URL is known."""
+    """Scrape every worker's /metrics once and store one FleetSample each. Evictions come
+    from the gateway's per-worker BlockRemoved counter: read in-process through
+    `evictions_getter`, or from its /gateway/metrics page at `gateway_metrics_url`."""
     targets = fleet_targets() if targets is None else targets
     now_s = time.time() if now_s is None else now_s
     gateway_metrics_url = (
@@ -160,7 +162,9 @@ def scrape_fleet_run(
     samples = []
     with httpx.Client(timeout=timeout_s) as client:
         evictions: dict[str, float] = {}
-        if gateway_metrics_url:
+        if evictions_getter is not None:
+            evictions = dict(evictions_getter())
+        elif gateway_metrics_url:
             try:
                 resp = client.get(gateway_metrics_url)
                 resp.raise_for_status()
