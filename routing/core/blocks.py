@@ -22,19 +22,18 @@ __all__ = ["ROOT_KEY", "chain_key", "text_block_keys", "token_block_keys"]
 ROOT_KEY: int = 0x51380E23927CB977
 
 _TOKEN_BYTES = 4
+_UINT32 = "I" if array("I").itemsize == _TOKEN_BYTES else "L"
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
 def _pack_tokens(tokens: Sequence[int]) -> bytes:
     """Token ids as little-endian uint32 bytes; raises ValueError outside [0, 2**32)."""
-    packed = array("I")
-    if packed.itemsize != _TOKEN_BYTES:  # pragma: no cover - no mainstream platform does this
-        packed = array("L")
     try:
-        if isinstance(tokens, list):
-            packed.fromlist(tokens)  # fastest path for the common list input
+        if type(tokens) is list:
+            packed = array(_UINT32)
+            packed.fromlist(tokens)  # the fastest conversion, and lists are the common input
         else:
-            packed.extend(tokens)
+            packed = array(_UINT32, tokens)
     except (OverflowError, TypeError) as exc:
         raise ValueError(f"token ids must be integers in [0, 2**32): {exc}") from None
     if _BIG_ENDIAN_HOST:  # pragma: no cover - keys must not depend on the host's byte order
