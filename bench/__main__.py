@@ -140,15 +140,22 @@ def _policy_params(raw: str | None) -> dict[str, Any]:
     return params
 
 
+def _sim_requests(args: argparse.Namespace) -> list[BenchRequest]:
+    reqs = workload_from_args(args)
+    if not reqs:
+        raise SystemExit("workload has no requests")
+    if args.concurrency:
+        return reqs
+    try:
+        return with_arrivals(reqs, rate_rps=args.rate, seed=args.seed)
+    except ValueError as exc:
+        raise SystemExit(f"{exc} (or --concurrency for closed loop)") from None
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     from bench.clustersim import SimConfig, simulate
 
-    reqs = workload_from_args(args)
-    reqs = (
-        with_arrivals(reqs, rate_rps=args.rate, seed=args.seed)
-        if (args.rate or reqs[0].arrival_s is not None)
-        else reqs
-    )
+    reqs = _sim_requests(args)
     summaries = []
     runs = {}
     for policy in args.policy:
@@ -202,12 +209,13 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from bench.sweep import parse_grid, run_sweep, sweep_heatmap_html, sweep_table
+    from bench.sweep import DEFAULT_GRIDS, parse_grid, run_sweep, sweep_heatmap_html, sweep_table
 
-    reqs = workload_from_args(args)
-    if args.rate or reqs[0].arrival_s is not None:
-        reqs = with_arrivals(reqs, rate_rps=args.rate, seed=args.seed)
-    grid = parse_grid(args.grid or [])
+    reqs = _sim_requests(args)
+    try:
+        grid = parse_grid(args.grid) if args.grid else dict(DEFAULT_GRIDS.get(args.policy, {}))
+    except ValueError as exc:
+        raise SystemExit(f"--grid: {exc}") from None
     t0 = time.perf_counter()
     rows = run_sweep(
         reqs,

@@ -196,7 +196,10 @@ def comparison_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[
     out = []
     for j, c in enumerate(cells):
         out.append(
-            "  ".join(x.rjust(w) if i else x.ljust(w) for i, (x, w) in enumerate(zip(c, widths, strict=False)))
+            "  ".join(
+                x.rjust(w) if i else x.ljust(w)
+                for i, (x, w) in enumerate(zip(c, widths, strict=False))
+            )
         )
         if j == 0:
             out.append("  ".join("-" * w for w in widths))

@@ -28,7 +28,8 @@ import hashlib
 import json
 import math
 import random
-import struct
+import sys
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -42,6 +43,9 @@ from routing.core.blocks import ROOT_KEY, token_block_keys
 TOKEN_LO = 256
 TOKEN_SPAN = 30000
 MOONCAKE_BLOCK_TOKENS = 512
+# Shared int objects: cached segments then hold 8-byte references, not 28-byte ints each.
+# Indexed by a uniform 16-bit draw: TOKEN_LO + draw % TOKEN_SPAN.
+_TOKEN_TABLE = tuple(TOKEN_LO + v % TOKEN_SPAN for v in range(1 << 16))
 DEFAULT_TRACE = Path(__file__).resolve().parent / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
@@ -53,7 +57,7 @@ class Segment:
     length: int
 
 
-@lru_cache(maxsize=8192)
+@lru_cache(maxsize=16384)
 def segment_tokens(seed: int, label: str, length: int) -> tuple[int, ...]:
     """The ``length`` token ids of segment ``label`` under ``seed`` (pure function of its inputs).
 
@@ -62,8 +66,10 @@ def segment_tokens(seed: int, label: str, length: int) -> tuple[int, ...]:
     """
     if length <= 0:
         return ()
-    raw = hashlib.shake_128(f"{seed}:{label}".encode()).digest(2 * length)
-    return tuple(TOKEN_LO + (v % TOKEN_SPAN) for v in struct.unpack(f"<{length}H", raw))
+    raw = array("H", hashlib.shake_128(f"{seed}:{label}".encode()).digest(2 * length))
+    if sys.byteorder == "big":  # pragma: no cover - tokens must not depend on the host
+        raw.byteswap()
+    return tuple(map(_TOKEN_TABLE.__getitem__, raw))
 
 
 @dataclass(frozen=True, slots=True)
