@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 REQUESTS = "kvroute_gateway_requests"
@@ -27,6 +27,8 @@ INFLIGHT = "kvroute_gateway_worker_inflight_requests"
 BREAKER_OPEN = "kvroute_gateway_worker_breaker_open"
 RECORDS_DROPPED = "kvroute_gateway_records_dropped"
 SNAPSHOT_AGE = "kvroute_gateway_snapshot_age_seconds"
+# Without the gateway prefix: telemetry reads it under this name (dashboard eviction rate).
+KV_BLOCKS_REMOVED = "kvroute_kv_blocks_removed"
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _OVERHEAD_BUCKETS_S = (25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 50e-3)
@@ -64,3 +66,7 @@ class _FnCollector(Collector):
 
 def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def counter(name: str, doc: str, labels: list[str] | None = None) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, labels=labels)
