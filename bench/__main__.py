@@ -97,7 +97,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     results, wall_s = asyncio.run(
-        run_load(reqs, target=target, concurrency=args.concurrency, max_inflight=args.max_inflight)
+        run_load(
+            reqs,
+            target=target,
+            concurrency=args.concurrency,
+            max_inflight=args.max_inflight,
+            time_scale=args.time_scale,
+        )
     )
     label = args.label or f"{args.workload} @ {args.target}"
     summ = report.summarize(
@@ -111,6 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "model": model,
             "workload": args.workload,
             "concurrency": args.concurrency,
+            "time_scale": args.time_scale,
             "rate": args.rate,
             "scale": args.scale,
         },
@@ -264,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--concurrency", type=int, help="closed loop with this many clients")
     run.add_argument("--max-inflight", type=int, default=512, help="open loop connection cap")
     run.add_argument("--timeout-s", type=float, default=600.0)
+    run.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the fleet's --time-scale: arrivals compressed, latencies reported in model ms",
+    )
     run.add_argument("--label")
     run.add_argument("--html", help="write a self-contained Plotly report here")
     run.set_defaults(fn=cmd_run)

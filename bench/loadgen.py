@@ -15,7 +15,7 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 
@@ -219,8 +219,34 @@ async def run_load(
     target: Target,
     concurrency: int | None = None,
     max_inflight: int = 512,
+    time_scale: float = 1.0,
 ) -> tuple[list[RequestResult], float]:
-    """Closed loop when ``concurrency`` is given, else open loop on the requests' arrivals."""
+    """Closed loop when ``concurrency`` is given, else open loop on the requests' arrivals.
+
+    ``time_scale``: the target's simulated workers run every model duration x time_scale
+    (``python -m workers.sim --time-scale``). Arrivals are compressed by it and the measured
+    times divided by it, so results are in model milliseconds, comparable with the offline
+    simulator and with an unscaled fleet. Returns (results, wall seconds).
+    """
+    if time_scale <= 0:
+        raise ValueError("time_scale must be positive")
     if concurrency:
-        return await run_closed_loop(requests, target=target, concurrency=concurrency)
-    return await run_open_loop(requests, target=target, max_inflight=max_inflight)
+        results, wall = await run_closed_loop(requests, target=target, concurrency=concurrency)
+    else:
+        if time_scale != 1.0:
+            requests = [replace(r, arrival_s=(r.arrival_s or 0.0) * time_scale) for r in requests]
+        results, wall = await run_open_loop(requests, target=target, max_inflight=max_inflight)
+    if time_scale != 1.0:
+        results = [unscale(r, time_scale=time_scale) for r in results]
+    return results, wall
+
+
+def unscale(r: RequestResult, *, time_scale: float) -> RequestResult:
+    """Wall-clock measurements of a time-scaled run -> model time."""
+    return replace(
+        r,
+        start_s=r.start_s / time_scale,
+        ttft_ms=r.ttft_ms / time_scale,
+        e2e_ms=r.e2e_ms / time_scale,
+        itl_ms=tuple(g / time_scale for g in r.itl_ms),
+    )
