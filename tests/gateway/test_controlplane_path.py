@@ -1,0 +1,89 @@
+"""The whole product app (Django control plane + gateway, `controlplane.asgi.application`)
+under uvicorn: the gateway's snapshot comes from the control plane in the same process and
+follows policy changes made through the control plane's services."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from routing.gateway.config import GatewayConfig
+from routing.gateway.records import MemorySink
+from routing.gateway.serve import serve_in_thread
+from tests.gateway.conftest import MODEL, chat_body, post
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    # A file database: the gateway reads it from its own thread while the test writes, and
+    # SQLite's shared-cache in-memory database fails such table locks instead of waiting.
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        db.setdefault("TEST", {})["NAME"] = os.path.join(tempfile.gettempdir(), f"kvroute-test-gw-{os.getpid()}.sqlite3")
+    elif not db.get("TEST", {}).get("NAME"):
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_product_app_routes_with_the_control_planes_snapshot(fleet_factory: Any) -> None:
+    from django.conf import settings
+
+    from controlplane.common.auth import SYSTEM
+    from controlplane.policies.services import policy_activate, policy_create, policy_version_add
+    from controlplane.registry.services import worker_register
+
+    os.makedirs(settings.STATIC_ROOT, exist_ok=True)
+    fleet = fleet_factory(2)
+    for i, w in enumerate(fleet.workers):
+        worker_register(
+            name=f"sim-{i}",
+            base_url=fleet.urls[i],
+            model=MODEL,
+            actor=SYSTEM,
+            kv_events_endpoint=w.events_endpoint or "",
+            replay_endpoint=w.replay_endpoint or "",
+            labels={"tokenizer": "builtin"},
+        )
+    policy_create(name="kv-default", model=MODEL, type="kv_score", params={}, actor=SYSTEM)
+    policy_activate(policy_name="kv-default", version=1, actor=SYSTEM)
+
+    from controlplane.asgi import application
+    from routing.gateway.routing import gateway
+
+    gateway.config = GatewayConfig.from_env(listen_channel_layer=True, snapshot_poll_s=0.3, metrics_interval_s=0.2)
+    server = serve_in_thread(application)
+    try:
+        resp = post(server.url, "/v1/chat/completions", chat_body("hello from the product " * 20))
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-kvroute-policy"] == "kv-default@1"
+        assert resp.headers["x-kvroute-worker"] in ("sim-0", "sim-1")
+        models = httpx.get(server.url + "/v1/models").json()
+        assert [(m["id"], m["workers"]) for m in models["data"]] == [(MODEL, 2)]
+
+        policy_version_add(policy_name="kv-default", type="least_load", params={}, actor=SYSTEM)
+        policy_activate(policy_name="kv-default", version=2, actor=SYSTEM)
+        deadline = time.monotonic() + 5
+        while True:
+            resp = post(server.url, "/v1/chat/completions", chat_body("after the change"))
+            if resp.headers.get("x-kvroute-policy") == "kv-default@2":
+                break
+            assert time.monotonic() < deadline, "gateway did not pick up the new active version"
+            time.sleep(0.1)
+
+        # Django still serves everything that is not the gateway's.
+        assert httpx.get(server.url + "/api/routing-snapshot/").status_code in (200, 401, 403)
+        time.sleep(0.2)
+        sink = gateway.state.records.sink if gateway.state else None
+        assert isinstance(sink, MemorySink)
+        policies = {r["policy_version_id"] for _, r in sink.read()}
+        assert len(policies) == 2
+    finally:
+        server.stop()
+    assert gateway.state is None  # lifespan shutdown stopped it
