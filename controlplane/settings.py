@@ -103,6 +103,9 @@ TIME_ZONE = "UTC"
 USE_TZ = True
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# Serve app static files (Swagger UI from drf-spectacular-sidecar, admin) straight from the
+# installed packages, so `make demo` needs no collectstatic step.
+WHITENOISE_USE_FINDERS = True
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 

@@ -44,6 +44,11 @@ def test_schema_and_docs_are_served_without_a_cdn() -> None:
     html = docs.content.decode()
     assert "drf_spectacular_sidecar" in html
     assert "cdn.jsdelivr" not in html and "unpkg.com" not in html
+    # The assets themselves are served (from the installed package; no collectstatic needed).
+    bundle = client.get("/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js")
+    assert bundle.status_code == 200
+    b"".join(bundle.streaming_content)  # type: ignore[attr-defined]
+    bundle.close()
 
 
 def test_admin_lists_every_model_and_versions_are_read_only() -> None:
