@@ -18,6 +18,12 @@ order and its expiry order because one TTL applies to every record.
 
 An *entry* is one distinct block key, whatever the number of workers holding it. ``now_s`` is any
 monotonic clock in seconds and must not go backwards between calls.
+
+Keys are computed from the events' token ids, never taken from the engine's hashes, so they equal
+what the gateway computes from a prompt. What the engine hashes and we do not: a LoRA adapter
+(handled: adapter chains start from a per-adapter root and never match base-model prompts) and
+multimodal or cache-salt extra keys (not handled: two such blocks with the same token ids share
+one key; removing either forgets the key, the safe direction).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from heapq import heappop, heappush
 from itertools import islice
 from typing import NamedTuple
 
+from xxhash import xxh3_64_intdigest
+
 from routing.core.blocks import ROOT_KEY, token_block_keys
 from routing.core.errors import MalformedEvent
 from routing.core.events import AllBlocksCleared, BlockRemoved, BlockStored, KVOp, validate_op
@@ -39,6 +47,15 @@ __all__ = ["BlockCounts", "IndexStats", "PrefixIndex"]
 # oldest keys of an insertion-ordered dict scans its freed front slots once per batch, not per key.
 _EVICT_SLACK_DIVISOR = 64
 _MAX_INTERNED_MASKS = 4096
+
+
+def _lora_root(lora_id: int) -> int:
+    """Root key of chains computed under a LoRA adapter.
+
+    The engine's hashes include the adapter but the gateway's keys do not, so adapter blocks are
+    keyed from their own root: they never match (or are reported for) base-model prompts.
+    """
+    return xxh3_64_intdigest(b"kvroute/lora/%d" % lora_id, ROOT_KEY)
 
 
 class BlockCounts(NamedTuple):
@@ -218,7 +235,7 @@ class PrefixIndex:
     def _store(self, slot: int, op: BlockStored) -> None:
         engine = self._engine[slot]
         if op.parent_engine_hash is None:
-            parent = ROOT_KEY
+            parent = ROOT_KEY if op.lora_id is None else _lora_root(op.lora_id)
         else:
             known = engine.get(op.parent_engine_hash)
             if known is None:

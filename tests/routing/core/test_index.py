@@ -60,6 +60,21 @@ def test_a_chain_whose_parent_is_unknown_is_counted_not_guessed() -> None:
     assert index.match(token_block_keys(tokens, BS), now_s=0.0) == {}
 
 
+def test_lora_blocks_never_match_base_model_prompts() -> None:
+    tokens = make_tokens(4 * BS)
+    keys = token_block_keys(tokens, BS)
+    index = PrefixIndex()
+    lora = BlockStored((1, 2), None, tuple(tokens[: 2 * BS]), BS, lora_id=3)
+    child = BlockStored((3, 4), 2, tuple(tokens[2 * BS :]), BS, lora_id=3)
+    index.apply("a", [lora, child], now_s=0.0)
+    assert index.stats().per_worker["a"] == BlockCounts(4, 0)
+    assert index.match(keys, now_s=0.0) == {}
+    stored_prompt(index, "a", tokens, first_hash=10)  # the base model's copy of the same tokens
+    index.apply("a", [BlockRemoved((1, 2, 3, 4))], now_s=0.0)
+    assert index.match(keys, now_s=0.0) == {"a": 4}
+    assert index.stats().per_worker["a"] == BlockCounts(4, 0)
+
+
 def test_block_removed_by_engine_hash_truncates_the_prefix() -> None:
     tokens = make_tokens(8 * BS)
     index = PrefixIndex()
