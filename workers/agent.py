@@ -417,9 +417,26 @@ def build_parser() -> argparse.ArgumentParser:
         "--launch-spec", help="run and supervise a vLLM engine from this LaunchSpec JSON"
     )
     group.add_argument(
-        "--supervise", nargs=argparse.REMAINDER, help="run and supervise this command (after --)"
+        "--supervise",
+        action="store_true",
+        help="run and supervise the command given after `--` (e.g. python -m workers.sim ...)",
     )
     return parser
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Everything after a bare `--` is the command to supervise."""
+    argv = list(argv)
+    command: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, command = argv[:split], argv[split + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if command and not args.supervise:
+        parser.error("a command after -- needs --supervise")
+    args.command = command
+    return args
 
 
 def config_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EngineProcess | None]:
@@ -436,12 +453,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EngineProce
         worker_url = worker_url or spec.url
         kv_events = kv_events or spec.kv_events_endpoint
         replay = replay or spec.replay_endpoint
-    elif args.supervise is not None:
-        command = (
-            [a for a in args.supervise if a != "--"]
-            if args.supervise[:1] == ["--"]
-            else args.supervise
-        )
+    elif args.supervise:
+        command = list(getattr(args, "command", []))
         if not command:
             raise SystemExit("--supervise: give the command to run after --")
         if not worker_url:
@@ -467,7 +480,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[AgentConfig, EngineProce
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     config, engine = config_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

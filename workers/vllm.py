@@ -48,6 +48,7 @@ _LAUNCH_FIELDS = (
     "dtype",
     "seed",
     "enforce_eager",
+    "cpu_threads_bind",
     "extra_args",
     "extra_env",
     "device",
@@ -78,7 +79,8 @@ class LaunchSpec:
     over `gpu_memory_utilization`). `num_gpu_blocks_override` pins the block count (the
     engine reserves one of them as its null block). `offline` None means: offline when
     `model` looks like a path. `python` is the interpreter of the venv holding vLLM (CPU
-    build); `vllm_executable` is the `vllm` console script (GPU).
+    build); `vllm_executable` is the `vllm` console script (GPU). `cpu_threads_bind` pins
+    the CPU build's threads (`VLLM_CPU_OMP_THREADS_BIND`, e.g. "0-3").
     """
 
     model: str
@@ -96,6 +98,7 @@ class LaunchSpec:
     dtype: str | None = None
     seed: int | None = None
     enforce_eager: bool = False
+    cpu_threads_bind: str | None = None
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     device: Device = "gpu"
@@ -166,8 +169,8 @@ class LaunchSpec:
         return self.served_model_name or self.model
 
     def _bind_host(self) -> str:
-        # A wildcard HTTP bind means a pod serving its network; a concrete host keeps
-        # the event sockets on the same interface (loopback in development and tests).
+        # A wildcard HTTP bind means a pod serving its network; a concrete host keeps the
+        # replay socket (always bound by vLLM) on the same interface.
         return "*" if self.host in ("0.0.0.0", "::", "") else self.host
 
     def _connect_host(self) -> str:
@@ -193,7 +196,9 @@ class LaunchSpec:
             "topic": KV_EVENTS_TOPIC,
         }
         if self.events_port is not None:
-            config["endpoint"] = f"tcp://{self._bind_host()}:{self.events_port}"
+            # vLLM binds its PUB socket only for a wildcard endpoint (a concrete host makes it
+            # *connect* to a subscriber), so the events socket listens on every interface.
+            config["endpoint"] = f"tcp://*:{self.events_port}"
         if self.replay_port is not None:
             config["replay_endpoint"] = f"tcp://{self._bind_host()}:{self.replay_port}"
         return config
@@ -243,6 +248,9 @@ class LaunchSpec:
             # utilisation; 1 GiB is ample for the tiny test model.
             gib = self.kv_cache_gb if self.kv_cache_gb is not None else 1
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(gib)))
+            if self.cpu_threads_bind:
+                # Several CPU engines on one box would otherwise all pin to the same cores.
+                env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu_threads_bind
         env.update(dict(self.extra_env))
         return env
 
