@@ -342,7 +342,7 @@ def run(
     return now_s
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(ops=ops_strategy)
 def test_index_matches_a_reference_model_exactly_when_unbounded(ops: list[tuple[Any, ...]]) -> None:
     index, model = PrefixIndex(approx_ttl_s=TTL_S), Model()
@@ -355,7 +355,7 @@ def test_index_matches_a_reference_model_exactly_when_unbounded(ops: list[tuple[
         assert counts == BlockCounts(len(model.precise[w]), live_approx)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(ops=ops_strategy, max_entries=st.integers(1, 12), capacity=st.integers(1, 6))
 def test_bounded_index_never_reports_more_than_was_stored(
     ops: list[tuple[Any, ...]], max_entries: int, capacity: int
