@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from operator import attrgetter
 from typing import Protocol
 
 import xxhash
@@ -52,20 +53,20 @@ def routable_candidates(
 
     Raises `NoRoutableWorker` naming the model, and how many workers were excluded.
     """
-    same_model = [w for w in workers if w.model == features.model]
-    if not same_model:
-        raise NoRoutableWorker(f"no worker for model {features.model!r}")
-    candidates = [w for w in same_model if w.healthy and not w.draining]
+    model = features.model
+    candidates = [w for w in workers if w.model == model and w.healthy and not w.draining]
     if not candidates:
+        same_model = sum(1 for w in workers if w.model == model)
+        if not same_model:
+            raise NoRoutableWorker(f"no worker for model {model!r}")
         raise NoRoutableWorker(
-            f"all {len(same_model)} workers for model {features.model!r} are unhealthy or draining"
+            f"all {same_model} workers for model {model!r} are unhealthy or draining"
         )
-    candidates.sort(key=_worker_id)
+    candidates.sort(key=_BY_ID)
     return candidates
 
 
-def _worker_id(worker: WorkerView) -> str:
-    return worker.id
+_BY_ID = attrgetter("id")
 
 
 def cached_count(
