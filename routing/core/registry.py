@@ -93,8 +93,9 @@ POLICIES: dict[str, PolicySpec] = {
             "fallback": ParamSpec(
                 "str",
                 "least_load",
-                "Without a session key or when the session's worker is down: route by load, "
-                "or take the next worker in the session's hash order.",
+                "When the session's worker is unhealthy or draining: route by load, or take "
+                "the next worker in the session's hash order (requests without a session key "
+                "are always routed by load).",
                 choices=FALLBACKS,
             ),
             "stale_after_s": _STALE,

@@ -23,10 +23,10 @@ class SessionAffinity:
     """Rendezvous (HRW) hash of `features.session_key` over the model's workers.
 
     The hash runs over every worker of the model, routable or not, so a session's home
-    does not move when another worker leaves. When there is no session key, or the home
-    worker is unhealthy or draining, `fallback` decides: "least_load" (default) routes by
-    load, "rendezvous" takes the next worker in the session's hash order, which keeps the
-    session sticky to a stand-in while the home is away.
+    does not move when another worker leaves. A request with no session key is routed by
+    least_load. When the home worker is unhealthy or draining, `fallback` decides:
+    "least_load" (default) routes by load, "rendezvous" takes the next worker in the
+    session's hash order, which keeps the session sticky to a stand-in while the home is away.
     """
 
     name = "session_affinity"
