@@ -180,3 +180,36 @@ def test_a_killed_worker_is_retried_around_without_client_visible_error(fleet_fa
     metrics = httpx.get(gw.url + "/gateway/metrics").text
     assert f'kvroute_gateway_retries_total{{reason="connect",worker="{holder}"}} 2.0' in metrics
     assert f'kvroute_gateway_worker_breaker_open{{worker="{holder}"}} 1.0' in metrics
+
+
+def test_experiment_arms_are_sticky_per_session_and_shadow_is_recorded(fleet_factory: Any, gateway_factory: Any, redis_url: str) -> None:
+    from routing.gateway.records import RedisStreamSink
+
+    fleet = fleet_factory(2)
+
+    def arm(name: str, policy: str, version_id: int) -> dict[str, Any]:
+        return {"name": name, "policy": policy, "version": 1, "version_id": version_id, "type": policy, "params": {}, "share": 50}
+
+    experiment = {
+        "id": 7,
+        "name": "kv-vs-rr",
+        "sticky_key": "session",
+        "arms": [arm("A", "kv_score", 11), arm("B", "round_robin", 12)],
+        "shadow": {"policy": "least_load", "version": 1, "version_id": 13, "type": "least_load", "params": {}},
+    }
+    gw = gateway_factory(fleet.snapshot(experiment=experiment), redis_url=redis_url)
+    seen: dict[str, set[str]] = {}
+    for i in range(24):
+        session = f"s{i % 8}"
+        resp = ask(gw.url, f"question {i}", headers={"x-session-id": session})
+        seen.setdefault(session, set()).add(resp.headers["x-kvroute-arm"])
+        assert resp.headers["x-kvroute-policy"] in ("kv_score@1", "round_robin@1")
+    assert all(len(arms) == 1 for arms in seen.values())  # sticky
+    assert set().union(*seen.values()) == {"A", "B"}  # both arms used
+    sink = RedisStreamSink(url=redis_url)
+    wait_for(lambda: len(sink.read(count=100)) == 24)
+    recs = [r for _, r in sink.read(count=100)]
+    assert {r["experiment_id"] for r in recs} == {7}
+    assert {(r["arm"], r["policy_version_id"]) for r in recs} == {("A", 11), ("B", 12)}
+    assert all(r["shadow"]["policy_version_id"] == 13 and r["shadow"]["worker"] in ("sim-0", "sim-1") for r in recs)
+    assert all(r["session_key"] == f"s{i % 8}" for i, r in enumerate(recs))
