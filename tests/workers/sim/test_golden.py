@@ -81,3 +81,57 @@ def test_event_batches_match_vllm_batch_by_batch(golden: dict[str, Any]) -> None
                     same_block(ev["parent_block_hash"], op.parent_engine_hash)
             else:
                 assert isinstance(op, BlockRemoved)
+
+
+def test_a_live_worker_reproduces_the_trace_over_http_and_zmq(golden: dict[str, Any]) -> None:
+    """The same check end to end: uvicorn + SSE-free completions + the ZMQ wire format."""
+    import time
+
+    import httpx
+    import zmq
+
+    from routing.core.events import decode_message
+    from workers.sim.fleet import start_fleet
+
+    with (
+        start_fleet(
+            1,
+            profile="golden-cpu",
+            time_scale=0.01,
+            block_size=golden["block_size"],
+            num_blocks=golden["num_gpu_blocks_override"],
+        ) as fleet,
+        httpx.Client(timeout=10) as client,
+    ):
+        w = fleet.workers[0]
+        sub = zmq.Context.instance().socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(w.events_endpoint or "")
+        time.sleep(0.3)  # ZMQ slow joiner
+        raw: list[list[bytes]] = []
+        for req in golden["requests"]:
+            resp = client.post(
+                f"{w.url}/v1/completions",
+                json={
+                    "model": "sim-8b",
+                    "prompt": req["prompt"],
+                    "max_tokens": 1,
+                    "temperature": 0,
+                },
+            )
+            assert (
+                resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+                == req["cached_tokens"]
+            )
+            while sub.poll(100):  # published before the response was sent
+                raw.append(sub.recv_multipart())
+            assert len(raw) == req["events_after"], req["label"]
+        sub.close()
+    assert [int.from_bytes(f[1], "big") for f in raw] == [b["seq"] for b in golden["event_batches"]]
+    for frames, recorded in zip(raw, golden["event_batches"], strict=True):
+        ops = decode_message(frames).ops
+        assert [type(op).__name__ for op in ops] == [e["type"] for e in recorded["events"]]
+        for op, ev in zip(ops, recorded["events"], strict=True):
+            if isinstance(op, BlockStored):
+                assert list(op.token_ids) == ev["token_ids"]
