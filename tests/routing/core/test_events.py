@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import msgpack
 import pytest
 from hypothesis import given, settings
@@ -104,6 +107,47 @@ def test_array_shape_matches_vllm_msgspec_field_order() -> None:
         ],
         0,
     ]
+
+
+GOLDEN = (
+    Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "vllm_cpu_block32_64blocks.json"
+)
+VLLM_ARRAY_FIELDS = {
+    # msgspec array_like field order of vLLM's event structs
+    "BlockStored": (
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+        "group_idx",
+        "kv_cache_spec_kind",
+    ),
+    "BlockRemoved": ("block_hashes", "medium", "group_idx"),
+    "AllBlocksCleared": (),
+}
+
+
+def test_real_vllm_events_decode_the_same_as_maps_and_as_arrays() -> None:
+    golden = json.loads(GOLDEN.read_text())
+    stored = removed = 0
+    for batch in golden["event_batches"]:
+        as_arrays = [
+            [e["type"], *(e[name] for name in VLLM_ARRAY_FIELDS[e["type"]])]
+            for e in batch["events"]
+        ]
+        from_maps = decode_message(frames([1.0, batch["events"], 0], seq=batch["seq"]))
+        from_arrays = decode_message(frames([1.0, as_arrays, 0], seq=batch["seq"]))
+        assert from_maps == from_arrays
+        assert from_maps.seq == batch["seq"]
+        for op, event in zip(from_maps.ops, batch["events"], strict=True):
+            assert list(op.engine_hashes) == event["block_hashes"]  # type: ignore[union-attr]
+            stored += isinstance(op, BlockStored)
+            removed += isinstance(op, BlockRemoved)
+    assert stored and removed
 
 
 hashes = st.one_of(st.integers(0, 2**64 - 1), st.integers(-(2**63), -1))

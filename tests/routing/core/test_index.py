@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,6 +25,9 @@ from routing.core.index import BlockCounts, PrefixIndex
 from tests.routing.core.conftest import make_stored, make_tokens
 
 BS = 16
+GOLDEN = (
+    Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "vllm_cpu_block32_64blocks.json"
+)
 
 
 def stored_prompt(index: PrefixIndex, worker: str, tokens: list[int], *, first_hash: int) -> None:
@@ -58,6 +64,34 @@ def test_a_chain_whose_parent_is_unknown_is_counted_not_guessed() -> None:
     assert index.stats().orphaned_blocks == 3
     assert index.stats().entries == 0
     assert index.match(token_block_keys(tokens, BS), now_s=0.0) == {}
+
+
+def test_predictions_equal_a_real_vllm_engines_cached_tokens() -> None:
+    """Replays KV events recorded from real vLLM (see tests/fixtures/golden/README.md): before
+    each request, the index fed with every earlier event batch must predict exactly the
+    cached tokens vLLM then reported (a hit is capped at (n-1)//block_size blocks, since the
+    engine always recomputes the last prompt token)."""
+    golden = json.loads(GOLDEN.read_text())
+    block_size = golden["block_size"]
+    index = PrefixIndex()
+    applied = 0
+    hits = 0
+    for request in golden["requests"]:
+        keys = token_block_keys(request["prompt"], block_size)
+        matched = index.match(keys, now_s=0.0).get("vllm", 0)
+        usable = (request["prompt_len"] - 1) // block_size
+        assert min(matched, usable) * block_size == request["cached_tokens"], request["label"]
+        hits += request["cached_tokens"] > 0
+        for batch in golden["event_batches"][applied : request["events_after"]]:
+            wire = [
+                b"kv",
+                batch["seq"].to_bytes(8, "big"),
+                msgpack.packb([0.0, batch["events"], 0]),
+            ]
+            index.apply("vllm", decode_message(wire).ops, now_s=0.0)
+        applied = request["events_after"]
+        assert index.stats().per_worker["vllm"].precise <= golden["num_gpu_blocks_override"]
+    assert hits >= 5  # the trace exercises hits, misses and evictions, not just misses
 
 
 def test_lora_blocks_never_match_base_model_prompts() -> None:
