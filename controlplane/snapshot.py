@@ -28,19 +28,34 @@ REDIS_CONFIG_CHANNEL = "kvroute:config"
 log = logging.getLogger(__name__)
 
 
-def _worker_doc(worker: Any) -> dict[str, Any]:
+SNAPSHOT_WORKER_FIELDS = (
+    "name",
+    "base_url",
+    "model",
+    "state",
+    "healthy",
+    "block_size",
+    "capacity_blocks",
+    "network_ms",
+    "kv_events_endpoint",
+    "replay_endpoint",
+    "labels",
+)
+
+
+def _worker_doc(row: dict[str, Any]) -> dict[str, Any]:
     return {
-        "id": worker.name,
-        "url": worker.base_url,
-        "model": worker.model,
-        "state": worker.state,
-        "healthy": bool(worker.healthy),
-        "block_size": worker.block_size,
-        "capacity_blocks": worker.capacity_blocks,
-        "network_ms": worker.network_ms,
-        "kv_events_endpoint": worker.kv_events_endpoint or None,
-        "replay_endpoint": worker.replay_endpoint or None,
-        "labels": dict(worker.labels),
+        "id": row["name"],
+        "url": row["base_url"],
+        "model": row["model"],
+        "state": row["state"],
+        "healthy": bool(row["healthy"]),
+        "block_size": row["block_size"],
+        "capacity_blocks": row["capacity_blocks"],
+        "network_ms": row["network_ms"],
+        "kv_events_endpoint": row["kv_events_endpoint"] or None,
+        "replay_endpoint": row["replay_endpoint"] or None,
+        "labels": dict(row["labels"]),
     }
 
 
@@ -49,7 +64,9 @@ def snapshot_body(*, now: datetime | None = None) -> dict[str, Any]:
     from controlplane.policies.selectors import active_versions, experiments_running
     from controlplane.registry.selectors import worker_list
 
-    workers = [_worker_doc(w) for w in worker_list(now=now or timezone.now())]
+    # Plain rows, not model instances: this runs on every change notice and gateway poll.
+    rows = worker_list(now=now or timezone.now()).values(*SNAPSHOT_WORKER_FIELDS)
+    workers = [_worker_doc(row) for row in rows]
     active = active_versions()
     running = experiments_running()
     models: dict[str, dict[str, Any]] = {}
