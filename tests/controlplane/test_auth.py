@@ -124,3 +124,14 @@ def test_createapitoken_prints_a_working_secret_once() -> None:
     assert row.last_used_at is not None
     with pytest.raises(CommandError, match="already exists"):
         call_command("createapitoken", "--name", "ci", "--scope", "read", stdout=io.StringIO())
+
+
+def test_browsable_api_renders_for_sessions_and_open_reads(settings: object) -> None:
+    staff = get_user_model().objects.create_user("ops", password="pw-123456", is_staff=True)
+    client = APIClient()
+    client.force_login(staff)
+    page = client.get("/api/workers/", HTTP_ACCEPT="text/html")
+    assert page.status_code == 200 and b"Worker List" in page.content
+    settings.KVROUTE_OPEN_READS = True  # type: ignore[attr-defined]
+    anon_page = APIClient().get("/api/policies/", HTTP_ACCEPT="text/html")
+    assert anon_page.status_code == 200 and b"Policy List" in anon_page.content
