@@ -302,6 +302,8 @@ def _event_array(op: KVOp) -> list[Any]:
 
 
 def _event_map(op: KVOp) -> dict[str, Any]:
+    # Keys, order and the fields we do not model (set to what a plain full-attention model
+    # sends) as recorded from vLLM 0.32 in tests/fixtures/golden.
     if isinstance(op, BlockStored):
         return {
             "type": "BlockStored",
@@ -311,9 +313,18 @@ def _event_map(op: KVOp) -> dict[str, Any]:
             "block_size": op.block_size,
             "lora_id": op.lora_id,
             "medium": op.medium,
+            "lora_name": None,
+            "extra_keys": [None] * len(op.engine_hashes),
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
         }
     if isinstance(op, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": list(op.engine_hashes), "medium": op.medium}
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": list(op.engine_hashes),
+            "medium": op.medium,
+            "group_idx": 0,
+        }
     return {"type": "AllBlocksCleared"}
 
 
@@ -328,8 +339,10 @@ def encode_batch(
 ) -> list[bytes]:
     """Encode ops as the 3 frames a vLLM publisher sends: ``[topic, seq, msgpack payload]``.
 
-    ``shape="array"`` writes events as msgspec tagged arrays (vLLM's own encoding),
-    ``shape="map"`` as tagged maps; the payload is ``[ts, events, dp_rank]`` either way.
+    ``shape="map"`` writes events as tagged maps with current vLLM's (0.32) keys,
+    ``shape="array"`` as the msgspec tagged arrays of older vLLM (``[tag, block_hashes,
+    parent_block_hash, token_ids, block_size, lora_id, medium]``); the payload is
+    ``[ts, events, dp_rank]`` either way.
     Hashes are written as given (ints). Raises ValueError for an inconsistent op.
     """
     if shape not in ("map", "array"):

@@ -23,6 +23,10 @@ from routing.core.events import (
 )
 from tests.routing.core.conftest import make_stored, make_tokens
 
+GOLDEN = (
+    Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "vllm_cpu_block32_64blocks.json"
+)
+
 
 def frames(payload: object, *, seq: int = 7, topic: bytes = b"kv-events") -> list[bytes]:
     return [topic, seq.to_bytes(8, "big"), msgpack.packb(payload)]
@@ -96,6 +100,21 @@ def test_encode_writes_three_frames_with_a_big_endian_sequence() -> None:
     assert msgpack.unpackb(payload) == [2.5, [{"type": "AllBlocksCleared"}], 3]
 
 
+def test_map_shape_has_the_keys_vllm_sends() -> None:
+    golden = json.loads(GOLDEN.read_text())
+    recorded = {e["type"]: e for b in golden["event_batches"] for e in b["events"]}
+    stored = recorded["BlockStored"]
+    op = BlockStored(
+        tuple(stored["block_hashes"]),
+        stored["parent_block_hash"],
+        tuple(stored["token_ids"]),
+        stored["block_size"],
+    )
+    removed = BlockRemoved(tuple(recorded["BlockRemoved"]["block_hashes"]))
+    _, _, payload = encode_batch(1, 0.0, [op, removed], shape="map")
+    assert msgpack.unpackb(payload)[1] == [stored, recorded["BlockRemoved"]]
+
+
 def test_array_shape_matches_vllm_msgspec_field_order() -> None:
     op = make_stored(make_tokens(16), first_hash=5, parent_hash=4)
     _, _, payload = encode_batch(1, 0.0, [op, BlockRemoved((5,))], shape="array")
@@ -109,9 +128,6 @@ def test_array_shape_matches_vllm_msgspec_field_order() -> None:
     ]
 
 
-GOLDEN = (
-    Path(__file__).resolve().parents[2] / "fixtures" / "golden" / "vllm_cpu_block32_64blocks.json"
-)
 VLLM_ARRAY_FIELDS = {
     # msgspec array_like field order of vLLM's event structs
     "BlockStored": (
