@@ -295,6 +295,16 @@ class Engine:
         self._free_request_blocks(req)
         return True
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, like vLLM's `reset_prefix_cache`: refused (False)
+        while any block is in use. On success the caller publishes `AllBlocksCleared`."""
+        if len(self._free) != self.usable_blocks:
+            return False
+        for block in self._blocks:
+            block.block_hash = None
+        self._cached.clear()
+        return True
+
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
 

@@ -232,14 +232,16 @@ def start_fleet(
     events_base_port: int = 0,
     event_shape: EventShape = "map",
     id_prefix: str = "sim",
+    configs: list[WorkerConfig] | None = None,
     **overrides: Any,
 ) -> FleetHandle:
     """Start `count` simulated workers on free ports (port 0) in a background thread.
 
     `overrides` go to every `WorkerConfig` (num_blocks, block_size, max_num_seqs,
-    eos_range, ...). Returns once every worker accepts connections.
+    eos_range, ...); pass `configs` instead for a heterogeneous fleet (then `count` and
+    the other worker options are ignored). Returns once every worker accepts connections.
     """
-    configs = worker_configs(
+    configs = configs or worker_configs(
         count,
         model=model,
         profile=profile,

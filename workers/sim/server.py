@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from routing.core.events import AllBlocksCleared
 from routing.core.tokenizer import EOS_ID, builtin_decode, builtin_encode, render_chat
 from workers.sim.engine import Engine, FinishedRequest, RequestRejected, StepResult, TokenOutput
 from workers.sim.kv_publisher import EventShape, KVEventPublisher
@@ -484,6 +485,13 @@ class SimWorker:
                     generate_latest(self.registry),
                     "text/plain; version=0.0.4; charset=utf-8",
                 )
+            elif path == "/reset_prefix_cache" and method == "POST":
+                # vLLM (dev mode) empties the prefix cache and tells subscribers so.
+                if not self.engine.reset_prefix_cache():
+                    raise BadRequest("cannot reset the prefix cache while requests are running")
+                if self.publisher is not None:
+                    await self.publisher.publish([AllBlocksCleared()], ts=time.time())
+                await _send_bytes(tracked_send, 200, b"", "text/plain")
             elif path == "/sim/stats" and method == "GET":
                 # Not part of vLLM: the simulator's own fidelity numbers (bench/sim_bench.py).
                 await _send_json(

@@ -250,3 +250,14 @@ def test_queueing_emerges_and_a_shared_prefix_lowers_ttft() -> None:
     light, heavy = mean_ttft(2.0, False), mean_ttft(40.0, False)
     assert heavy > 3 * light  # above capacity (~8 req/s of 2k-token prefill) TTFT grows
     assert mean_ttft(40.0, True) < heavy / 3
+
+
+def test_reset_prefix_cache_is_refused_while_blocks_are_in_use() -> None:
+    engine = make_engine()
+    engine.add_request(request_id="a", prompt_token_ids=prompt(40), max_tokens=5, arrival_s=0)
+    engine.step(now_s=0.0)
+    assert not engine.reset_prefix_cache()
+    run(engine)
+    assert engine.cached_prefix_tokens(prompt(40)) == 32
+    assert engine.reset_prefix_cache()
+    assert engine.cached_prefix_tokens(prompt(40)) == 0

@@ -343,3 +343,20 @@ def _disconnect_mid_stream(fleet: FleetHandle) -> None:
     else:
         raise AssertionError(f"request not aborted: {stats}")
     assert fleet.call(lambda: sim.finished_by_reason.get("abort", 0)) >= 1
+
+
+def test_reset_prefix_cache_publishes_all_blocks_cleared(
+    fleet: FleetHandle, client: httpx.Client
+) -> None:
+    from routing.core.events import AllBlocksCleared
+
+    w = fleet.workers[1]
+    body = {"model": MODEL, "prompt": list(range(30_000, 30_040)), "max_tokens": 1}
+    client.post(f"{w.url}/v1/completions", json=body)
+    sub = subscribe(w.events_endpoint or "")
+    assert client.post(f"{w.url}/reset_prefix_cache").status_code == 200
+    assert sub.poll(5000)
+    assert decode_message(sub.recv_multipart()).ops == (AllBlocksCleared(),)
+    sub.close()
+    again = client.post(f"{w.url}/v1/completions", json=body).json()
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
