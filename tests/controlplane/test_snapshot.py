@@ -265,3 +265,23 @@ def test_the_gateway_parses_the_snapshot(operator: APIClient, reader: APIClient)
     assert route.active is not None and route.experiment is not None
     assert [(a.name, a.share) for a in route.experiment.arms] == [("A", 50.0), ("B", 50.0)]
     assert route.experiment.shadow is not None
+
+
+def test_health_flips_publish_but_steady_probes_do_not(
+    operator: APIClient, config_listener: str, django_capture_on_commit_callbacks: Any
+) -> None:
+    operator.post("/api/workers/", worker_body(), format="json")
+    Worker.objects.filter(name="sim-0").update(
+        last_heartbeat_at=timezone.now() - timedelta(minutes=5)
+    )
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        operator.post("/api/workers/sim-0/heartbeat/", {}, format="json")  # stale -> healthy
+    assert len(callbacks) == 1
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        for _ in range(2):
+            operator.post("/api/workers/sim-0/probe/", {"ok": False}, format="json")
+    assert callbacks == []  # still healthy after two failures
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        operator.post("/api/workers/sim-0/probe/", {"ok": False}, format="json")  # third: unhealthy
+    assert len(callbacks) == 1
+    assert routing_snapshot()["workers"][0]["healthy"] is False
