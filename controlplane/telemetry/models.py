@@ -56,9 +56,12 @@ class Rollup(models.Model):
     hit rate and the prediction error compare like with like.
     """
 
+    # 10 s rows feed the live overview and are dropped after a couple of hours; minute
+    # rows are the record (folded into hour rows as they age).
+    TEN_S = "10s"
     MINUTE = "minute"
     HOUR = "hour"
-    GRANULARITIES = [(MINUTE, "minute"), (HOUR, "hour")]
+    GRANULARITIES = [(TEN_S, "10 seconds"), (MINUTE, "minute"), (HOUR, "hour")]
 
     granularity = models.CharField(max_length=8, choices=GRANULARITIES, default=MINUTE)
     bucket_start = models.DateTimeField(db_index=True)

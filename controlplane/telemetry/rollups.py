@@ -13,6 +13,7 @@ from typing import Any
 
 from controlplane.telemetry import stats
 
+TEN_S = 10
 MINUTE_S = 60
 HOUR_S = 3600
 

@@ -17,6 +17,14 @@ from controlplane.telemetry.models import (
 )
 from controlplane.telemetry.services import dt_from_s, rollups_merged
 
+WIDTH_S = {
+    Rollup.TEN_S: rollups.TEN_S,
+    Rollup.MINUTE: rollups.MINUTE_S,
+    Rollup.HOUR: rollups.HOUR_S,
+}
+# Windows up to this long are drawn from 10 s rows; longer ones from minute rows.
+LIVE_WINDOW_MAX_S = 3600.0
+
 
 def _iso(dt: datetime) -> str:
     return dt.isoformat().replace("+00:00", "Z")
@@ -24,7 +32,7 @@ def _iso(dt: datetime) -> str:
 
 def _point(bucket_start: datetime, rows: list[Rollup], *, now_s: float) -> dict[str, Any]:
     start_s = bucket_start.timestamp()
-    width_s = rollups.MINUTE_S if rows[0].granularity == Rollup.MINUTE else rollups.HOUR_S
+    width_s = WIDTH_S[rows[0].granularity]
     # The current bucket is still filling: its rate is over the seconds seen so far.
     duration_s = min(float(width_s), max(now_s - start_s, 1.0))
     summary = rollups.summarize(rollups_merged(rows), duration_s=duration_s)
@@ -32,11 +40,15 @@ def _point(bucket_start: datetime, rows: list[Rollup], *, now_s: float) -> dict[
 
 
 def overview_points(
-    *, since_s: float, now_s: float | None = None, model: str | None = None
+    *,
+    since_s: float,
+    now_s: float | None = None,
+    model: str | None = None,
+    granularity: str = Rollup.MINUTE,
 ) -> list[dict[str, Any]]:
-    """Fleet-wide minute points (all workers and arms summed) from `since_s` on."""
+    """Fleet-wide points (all workers and arms summed) from `since_s` on."""
     now_s = time.time() if now_s is None else now_s
-    qs = Rollup.objects.filter(granularity=Rollup.MINUTE, bucket_start__gte=dt_from_s(since_s))
+    qs = Rollup.objects.filter(granularity=granularity, bucket_start__gte=dt_from_s(since_s))
     if model:
         qs = qs.filter(model=model)
     by_bucket: dict[datetime, list[Rollup]] = defaultdict(list)
@@ -45,15 +57,25 @@ def overview_points(
     return [_point(b, rows, now_s=now_s) for b, rows in sorted(by_bucket.items())]
 
 
-def overview_update(*, bucket_starts_s: Iterable[int], now_s: float | None = None) -> dict:
-    """The channels message pushed after a drain: the re-computed touched minutes."""
+def overview_update(
+    *,
+    bucket_starts_s: Iterable[int],
+    now_s: float | None = None,
+    granularity: str = Rollup.TEN_S,
+) -> dict:
+    """The channels message pushed after a drain: the re-computed touched buckets."""
     now_s = time.time() if now_s is None else now_s
     starts = [dt_from_s(s) for s in bucket_starts_s]
     by_bucket: dict[datetime, list[Rollup]] = defaultdict(list)
-    for row in Rollup.objects.filter(granularity=Rollup.MINUTE, bucket_start__in=starts):
+    for row in Rollup.objects.filter(granularity=granularity, bucket_start__in=starts):
         by_bucket[row.bucket_start].append(row)
     points = [_point(b, rows, now_s=now_s) for b, rows in sorted(by_bucket.items())]
-    return {"type": "dashboard.update", "kind": "overview", "points": points}
+    return {
+        "type": "dashboard.update",
+        "kind": "overview",
+        "granularity": granularity,
+        "points": points,
+    }
 
 
 def fleet_series(*, since_s: float, worker_id: str | None = None) -> dict[str, Any]:
@@ -136,7 +158,7 @@ def worker_points(
     now_s = time.time() if now_s is None else now_s
     by_bucket: dict[datetime, list[Rollup]] = defaultdict(list)
     for row in Rollup.objects.filter(
-        granularity=Rollup.MINUTE, worker_id=worker_id, bucket_start__gte=dt_from_s(since_s)
+        granularity=Rollup.TEN_S, worker_id=worker_id, bucket_start__gte=dt_from_s(since_s)
     ).order_by("bucket_start"):
         by_bucket[row.bucket_start].append(row)
     return [_point(b, rs, now_s=now_s) for b, rs in sorted(by_bucket.items())]
@@ -147,10 +169,12 @@ def overview_snapshot(*, window_s: float = 3600.0, now_s: float | None = None) -
     now_s = time.time() if now_s is None else now_s
     since_s = now_s - window_s
     fleet = fleet_series(since_s=since_s)
+    granularity = Rollup.TEN_S if window_s <= LIVE_WINDOW_MAX_S else Rollup.MINUTE
     return {
         "generated_at": _iso(dt_from_s(now_s)),
         "window_s": window_s,
-        "points": overview_points(since_s=since_s, now_s=now_s),
+        "granularity": granularity,
+        "points": overview_points(since_s=since_s, now_s=now_s, granularity=granularity),
         "fleet": fleet["workers"],
         "evictions": fleet["evictions"],
     }

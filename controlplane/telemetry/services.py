@@ -123,11 +123,13 @@ def request_stream_drain(
                     logger.warning("skipping malformed request record %s: %s", entry_id, exc)
             deltas = rollups.accumulate(good)
             _apply_rollups(deltas, granularity=Rollup.MINUTE)
+            live = rollups.accumulate(good, width_s=rollups.TEN_S)
+            _apply_rollups(live, granularity=Rollup.TEN_S)
             stored += records_store(good, sample_rate=sample_rate)
             cursor.last_id = last_id = entries[-1][0]
             cursor.save(update_fields=["last_id", "updated_at"])
         total += len(entries)
-        touched.update(deltas)
+        touched.update(live)
         if len(entries) < batch_size:
             break
     buckets = tuple(sorted({k.bucket_start_s for k in touched}))
@@ -135,7 +137,7 @@ def request_stream_drain(
         from controlplane.telemetry import selectors
 
         try:
-            publish(selectors.overview_update(bucket_starts_s=buckets))
+            publish(selectors.overview_update(bucket_starts_s=buckets, granularity=Rollup.TEN_S))
         except Exception:  # the push is best effort; the rows are already committed
             logger.exception("could not push the overview update to the dashboard")
     return DrainResult(
@@ -225,10 +227,12 @@ def retention_apply(
     minute_rollups_max_age_s: float,
     hour_rollups_max_age_s: float,
     fleet_max_age_s: float,
+    live_rollups_max_age_s: float = 7200.0,
 ) -> RetentionResult:
     """Drop raw records and fleet samples past their age; fold minute rollups past their
     age into hour rollups (merge then delete, in one transaction, so nothing is counted
-    twice or lost); drop hour rollups past theirs."""
+    twice or lost); drop hour rollups past theirs, and 10 s (live) rollups past theirs
+    (their data is also in the minute rows)."""
     now = dt_from_s(now_s)
     with transaction.atomic():
         rec_deleted, _ = RequestRecord.objects.filter(
@@ -264,6 +268,10 @@ def retention_apply(
         }
         _apply_rollups(hour_deltas, granularity=Rollup.HOUR)
         Rollup.objects.filter(pk__in=[r.pk for r in old]).delete()
+        Rollup.objects.filter(
+            granularity=Rollup.TEN_S,
+            bucket_start__lt=now - timedelta(seconds=live_rollups_max_age_s),
+        ).delete()
         hour_deleted, _ = Rollup.objects.filter(
             granularity=Rollup.HOUR,
             bucket_start__lt=now - timedelta(seconds=hour_rollups_max_age_s),

@@ -210,7 +210,12 @@ def experiment_arm_data(
                 experiment_id=experiment_id, arm=name, status="ok", ttft_ms__isnull=False
             ).values_list("ttft_ms", flat=True)
         )
-        rows = list(Rollup.objects.filter(experiment_id=experiment_id, arm=name))
+        # Minute and hour rows partition the history; 10 s rows duplicate recent minutes.
+        rows = list(
+            Rollup.objects.filter(experiment_id=experiment_id, arm=name).exclude(
+                granularity=Rollup.TEN_S
+            )
+        )
         c = services.rollups_merged(rows)
         starts = [r.bucket_start.timestamp() for r in rows]
         duration_s = (max(starts) + 60.0 - min(starts)) if starts else 0.0
@@ -290,6 +295,7 @@ def retention_run(*, now_s: float | None = None) -> services.RetentionResult:
         minute_rollups_max_age_s=settings.KVROUTE_TELEMETRY_MINUTE_ROLLUPS_MAX_AGE_S,
         hour_rollups_max_age_s=settings.KVROUTE_TELEMETRY_HOUR_ROLLUPS_MAX_AGE_S,
         fleet_max_age_s=settings.KVROUTE_TELEMETRY_FLEET_MAX_AGE_S,
+        live_rollups_max_age_s=settings.KVROUTE_TELEMETRY_LIVE_ROLLUPS_MAX_AGE_S,
     )
 
 

@@ -37,3 +37,20 @@ def viewer_client(db: None) -> Client:
     c = Client()
     c.force_login(User.objects.create_user("viewer", password="viewer-pass-123"))
     return c
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    # The browser test serves the product from threads (uvicorn, jobs, gateway) that write
+    # concurrently; SQLite's shared-cache in-memory test database fails lock waits at once,
+    # so use a throwaway file like the control-plane suite does.
+    import tempfile
+
+    from django.conf import settings
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        path = os.path.join(tempfile.gettempdir(), f"kvroute-test-dash-{os.getpid()}.sqlite3")
+        db.setdefault("TEST", {})["NAME"] = path
+    elif not db.get("TEST", {}).get("NAME"):
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"

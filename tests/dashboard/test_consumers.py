@@ -77,7 +77,7 @@ async def test_embedded_scheduler_pushes_drained_minutes_to_the_socket() -> None
     assert all(j.failures == 0 for j in scheduler.jobs), [j.last_error for j in scheduler.jobs]
     got = await comm.receive_json_from(timeout=3)
     assert got["kind"] == "overview"
-    assert [p["requests"] for p in got["points"]] == [20]
+    assert [p["requests"] for p in got["points"]] == [10, 10]  # two 10 s buckets
     # Nothing is due again before the interval passes.
     assert await asyncio.to_thread(scheduler.run_due, now_s=0.1) == []
     await comm.disconnect()

@@ -41,7 +41,7 @@ def test_pages_need_login_and_login_page_works(client: Client) -> None:
 def test_plotly_is_served_locally(client: Client) -> None:
     resp = client.get("/assets/plotly.min.js")
     assert resp.status_code == 200
-    body = b"".join(resp.streaming_content)
+    body = resp.content
     assert len(body) > 1_000_000 and b"plotly" in body[:2000].lower()
 
 

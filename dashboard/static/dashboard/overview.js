@@ -6,7 +6,7 @@
   const root = document.getElementById("overview");
   const SNAPSHOT_URL = root.dataset.snapshotUrl;
   const WS_PATH = root.dataset.wsPath;
-  const MAX_POINTS = 240;
+  const MAX_POINTS = 400;
   const PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d"];
 
   const state = { points: new Map(), fleet: new Map(), evictions: new Map() };

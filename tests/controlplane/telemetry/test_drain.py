@@ -94,17 +94,21 @@ def test_drain_is_idempotent_and_sampled_records_stay_stable() -> None:
     again = services.request_stream_drain(source=source, sample_rate=1.0, batch_size=40)
     assert again.entries == 0
     assert RequestRecord.objects.count() == 150
-    totals = services.rollups_merged(list(Rollup.objects.all()))
+    totals = services.rollups_merged(list(Rollup.objects.filter(granularity="minute")))
     assert totals["requests"] == 150
     # 150 s from a minute boundary: three minutes, two workers each.
-    assert Rollup.objects.count() == 6
+    assert Rollup.objects.filter(granularity="minute").count() == 6
+    assert Rollup.objects.filter(granularity="10s").count() == 30  # 15 buckets x 2 workers
     assert StreamCursor.objects.get(name="memory:test").last_id == "150"
 
     # New entries continue from the cursor; a reset cursor would double count, so the
     # rollups prove the cursor is honoured.
     sink.append_many([make_record(i) for i in range(150, 160)])
     services.request_stream_drain(source=source, sample_rate=1.0)
-    assert services.rollups_merged(list(Rollup.objects.all()))["requests"] == 160
+    assert (
+        services.rollups_merged(list(Rollup.objects.filter(granularity="minute")))["requests"]
+        == 160
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -136,7 +140,10 @@ def test_concurrent_drains_never_double_count() -> None:
     for t in threads:
         t.join(30)
     assert not errors
-    assert services.rollups_merged(list(Rollup.objects.all()))["requests"] == 400
+    assert (
+        services.rollups_merged(list(Rollup.objects.filter(granularity="minute")))["requests"]
+        == 400
+    )
     assert RequestRecord.objects.count() == 400
 
 
@@ -149,7 +156,10 @@ def test_sampling_keeps_a_fraction_but_rollups_count_everything() -> None:
     )
     assert 50 < result.records_stored < 150
     assert RequestRecord.objects.count() == result.records_stored
-    assert services.rollups_merged(list(Rollup.objects.all()))["requests"] == 1000
+    assert (
+        services.rollups_merged(list(Rollup.objects.filter(granularity="minute")))["requests"]
+        == 1000
+    )
 
 
 @pytest.mark.django_db
@@ -161,14 +171,16 @@ def test_malformed_entries_are_skipped_and_the_cursor_moves_on() -> None:
 
 
 @pytest.mark.django_db
-def test_drain_publishes_the_touched_minutes() -> None:
+def test_drain_publishes_the_touched_live_buckets() -> None:
     sink = MemorySink()
     sink.append_many([make_record(i) for i in range(90)])
     sent: list[dict] = []
     services.request_stream_drain(source=MemorySinkSource(sink, name="m"), publish=sent.append)
     (msg,) = sent
     assert msg["type"] == "dashboard.update" and msg["kind"] == "overview"
-    assert [p["requests"] for p in msg["points"]] == [60, 30]
+    assert msg["granularity"] == "10s"
+    assert [p["requests"] for p in msg["points"]] == [10] * 9
+    assert msg["points"][1]["t"] == "2027-01-15T08:00:10Z"
     json.dumps(msg)  # must survive the channel layer
 
 
@@ -192,8 +204,12 @@ def test_overview_snapshot_shape() -> None:
     sink = MemorySink()
     sink.append_many([make_record(i) for i in range(120)])
     services.request_stream_drain(source=MemorySinkSource(sink, name="m"))
-    snap = selectors.overview_snapshot(window_s=3600, now_s=T0 + 180)
+    snap = selectors.overview_snapshot(window_s=7200, now_s=T0 + 180)
+    assert snap["granularity"] == "minute"
     assert [p["requests"] for p in snap["points"]] == [60, 60]
+    live = selectors.overview_snapshot(window_s=600, now_s=T0 + 180)
+    assert live["granularity"] == "10s" and len(live["points"]) == 12
+    assert live["points"][0]["rps"] == pytest.approx(1.0)
     p = snap["points"][0]
     assert p["rps"] == pytest.approx(1.0)
     assert p["hit_rate_actual"] == pytest.approx(0.64)
@@ -207,7 +223,7 @@ def test_retention_folds_minutes_into_hours_without_losing_counts() -> None:
     # Two hours of traffic, one request every 30 s.
     sink.append_many([make_record(i, ts_s=T0 + 30 * i, request_id=f"r{i}") for i in range(240)])
     services.request_stream_drain(source=MemorySinkSource(sink, name="m"), batch_size=1000)
-    before = services.rollups_merged(list(Rollup.objects.all()))
+    before = services.rollups_merged(list(Rollup.objects.exclude(granularity="10s")))
     now_s = T0 + 3 * 3600
     r1 = services.retention_apply(
         now_s=now_s,
@@ -220,7 +236,7 @@ def test_retention_folds_minutes_into_hours_without_losing_counts() -> None:
     assert not Rollup.objects.filter(
         granularity=Rollup.MINUTE, bucket_start__lt=services.dt_from_s(T0 + 7200)
     ).exists()
-    after = services.rollups_merged(list(Rollup.objects.all()))
+    after = services.rollups_merged(list(Rollup.objects.exclude(granularity="10s")))
     assert after == before  # counters and histograms identical after folding
     # Records older than 2.5 h are gone: those of the first half hour.
     assert RequestRecord.objects.count() == 240 - 60
@@ -232,7 +248,12 @@ def test_retention_folds_minutes_into_hours_without_losing_counts() -> None:
         fleet_max_age_s=3600,
     )
     assert r2.minute_rollups_compacted == 0 and r2.records_deleted == 0
-    assert services.rollups_merged(list(Rollup.objects.all())) == before
+    # 10 s rows older than their (default 2 h) age are gone; their data lives on in minutes.
+    assert not Rollup.objects.filter(
+        granularity="10s", bucket_start__lt=services.dt_from_s(now_s - 7200)
+    ).exists()
+    assert Rollup.objects.filter(granularity="10s").exists()
+    assert services.rollups_merged(list(Rollup.objects.exclude(granularity="10s"))) == before
 
 
 @pytest.mark.django_db
