@@ -167,6 +167,9 @@ KVROUTE_TELEMETRY_HOUR_ROLLUPS_MAX_AGE_S = env_float(
     "KVROUTE_TELEMETRY_HOUR_ROLLUPS_MAX_AGE_S", 90 * 86400.0
 )
 KVROUTE_TELEMETRY_FLEET_MAX_AGE_S = env_float("KVROUTE_TELEMETRY_FLEET_MAX_AGE_S", 2 * 86400.0)
+KVROUTE_TELEMETRY_LIVE_ROLLUPS_MAX_AGE_S = env_float(
+    "KVROUTE_TELEMETRY_LIVE_ROLLUPS_MAX_AGE_S", 2 * 3600.0
+)
 # The gateway's Prometheus page (per-worker BlockRemoved counts -> eviction rate); optional.
 KVROUTE_GATEWAY_METRICS_URL = os.environ.get("KVROUTE_GATEWAY_METRICS_URL", "")
 # What-if panel: how many recent recorded requests are replayed.
