@@ -22,6 +22,19 @@ else
   export KVROUTE_TEST_REDIS_URL="$REDIS_URL"
 fi
 
+# Headless Chromium for the dashboard's browser test: installed when missing and apt works
+# (as root, or with passwordless sudo); otherwise that test skips, saying why.
+if ! { [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; }; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  if command -v apt-get >/dev/null 2>&1 && { [ -z "$SUDO" ] || sudo -n true 2>/dev/null; }; then
+    echo "installing chromium + chromium-driver for the browser test"
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1 \
+      || echo "could not install chromium: the browser test will be skipped"
+  else
+    echo "chromium not installed and apt not usable: the browser test will be skipped"
+  fi
+fi
+
 echo "== import contract (routing.core stays pure)"
 $VENV/bin/lint-imports
 
