@@ -87,7 +87,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise SystemExit(str(exc)) from None
     model = args.model or asyncio.run(discover_model(args.target, api_key=args.api_key))
     target = Target(
-        base_url=args.target, model=model, api_key=args.api_key, timeout_s=args.timeout_s
+        base_url=args.target,
+        model=model,
+        api_key=args.api_key,
+        timeout_s=args.timeout_s,
+        prompt_format=args.prompt_format,
     )
     oracle = oracle_hit_rate(reqs, block_size=args.block_size)
     print(
@@ -276,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=1.0,
         help="the fleet's --time-scale: arrivals compressed, latencies reported in model ms",
+    )
+    run.add_argument(
+        "--prompt-format",
+        choices=["tokens", "text"],
+        default="tokens",
+        help="token-id lists, or one builtin-tokenizer word per token (string-only routers)",
     )
     run.add_argument("--label")
     run.add_argument("--html", help="write a self-contained Plotly report here")

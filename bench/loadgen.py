@@ -28,12 +28,14 @@ WORKER_HEADERS = ("x-kvroute-worker", "x-worker-id", "x-served-by")
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where to send: base URL (no trailing /v1), model name, optional bearer key."""
+    """Where to send: base URL (no trailing /v1), model name, optional bearer key, and the
+    prompt format ("tokens" or "text", see ``request_body``)."""
 
     base_url: str
     model: str
     api_key: str | None = None
     timeout_s: float = 600.0
+    prompt_format: str = "tokens"
 
 
 async def discover_model(
@@ -50,10 +52,33 @@ async def discover_model(
     return str(data[0]["id"])
 
 
-def request_body(req: BenchRequest, *, model: str, stream: bool = True) -> dict[str, object]:
+def token_word(token_id: int) -> str:
+    """A token id as one letters-only word (" q" + base-26): the builtin tokenizer encodes each
+    such word to exactly one token, so a text prompt keeps the token prompt's block structure."""
+    letters = ""
+    t = token_id
+    while True:
+        letters = chr(97 + t % 26) + letters
+        t //= 26
+        if not t:
+            return " q" + letters
+
+
+def prompt_text(req: BenchRequest) -> str:
+    return "".join(map(_WORDS.__getitem__, req.token_ids()))
+
+
+_WORDS = tuple(token_word(t) for t in range(1 << 15))
+
+
+def request_body(
+    req: BenchRequest, *, model: str, stream: bool = True, prompt_format: str = "tokens"
+) -> dict[str, object]:
+    """``prompt_format``: "tokens" (a token-id list) or "text" (``prompt_text``, for routers
+    that only accept string prompts)."""
     body: dict[str, object] = {
         "model": model,
-        "prompt": req.token_ids(),
+        "prompt": req.token_ids() if prompt_format == "tokens" else prompt_text(req),
         "max_tokens": req.max_tokens,
         "temperature": 0.0,
         "ignore_eos": True,
@@ -75,7 +100,10 @@ async def send_one(
         headers["authorization"] = f"Bearer {target.api_key}"
     if req.session_key:
         headers["x-session-id"] = req.session_key
-    payload = json.dumps(request_body(req, model=target.model), separators=(",", ":"))
+    payload = json.dumps(
+        request_body(req, model=target.model, prompt_format=target.prompt_format),
+        separators=(",", ":"),
+    )
     start = time.perf_counter()
     first: float | None = None
     last: float | None = None
