@@ -39,7 +39,17 @@ Rules modelled (vLLM v1, checked against a recorded trace of a real engine):
   preempting the most recently admitted request (recompute) when blocks run out; then,
   if nothing was preempted, waiting requests FCFS while blocks, the token budget
   (`max_num_batched_tokens`, chunked prefill) and `max_num_seqs` allow.
+- Admission allocates blocks for the tokens computed in this step only (prompt blocks
+  minus hits; vLLM v1 keeps no decode-growth reserve: in the golden trace a block-aligned
+  256-token prompt takes exactly 8 blocks). Decode growth takes one block whenever a
+  sequence crosses a block boundary, and preempts when none is free.
+- Full blocks of generated tokens are hashed and stored too, like vLLM's.
 - A step's `BlockRemoved` events come before its `BlockStored` events.
+- Step time: `base_ms + prefill_ms_per_token x prefill_tokens + decode_ms_per_seq x
+  decode_seqs` (profile constants; a step with nothing scheduled takes 0).
+- Output: deterministic filler tokens (a function of the prompt and position); EOS at a
+  deterministic natural length drawn from `eos_range` unless `ignore_eos`; `max_tokens`
+  always ends a request ("length").
 """
 
 from __future__ import annotations
