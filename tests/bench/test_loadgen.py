@@ -61,3 +61,23 @@ async def test_open_loop_time_scale_and_errors(worker) -> None:
         reqs[:1], target=Target(base_url=worker.url, model="no-such-model"), concurrency=1
     )
     assert not bad[0].ok and "HTTP 4" in (bad[0].error or "")
+
+
+def test_text_prompt_keeps_one_token_per_token_id() -> None:
+    from bench.loadgen import prompt_text
+    from routing.core.tokenizer import builtin_encode
+
+    a, b = build_workload(
+        "tenants",
+        {
+            "tenants": 1,
+            "prefix_tokens": 64,
+            "users": 2,
+            "questions_per_user": 1,
+            "question_tokens": 16,
+        },
+        seed=0,
+    )
+    ea, eb = builtin_encode(prompt_text(a)), builtin_encode(prompt_text(b))
+    assert len(ea) == a.prompt_tokens == 80
+    assert ea[:64] == eb[:64] and ea[64:] != eb[64:]
