@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import secrets
 import signal
@@ -86,7 +87,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def setup_django() -> dict[str, str]:
+def demo_worker_names(count: int) -> list[str]:
+    return [f"sim-{i}" for i in range(count)]
+
+
+def setup_django(*, workers: int) -> dict[str, str]:
     """Migrate, seed the demo policies, and make the local login and tokens."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     (ROOT / "var").mkdir(exist_ok=True)
@@ -95,8 +100,12 @@ def setup_django() -> dict[str, str]:
     django.setup()
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
+    from django.db.models import Q
 
+    from controlplane.common.auth import OPERATOR, Actor
     from controlplane.common.models import ApiToken
+    from controlplane.registry.models import Worker
+    from controlplane.registry.services import worker_deregister
     from controlplane.common.services import api_token_create
     from controlplane.policies.management.commands.seed_demo import seed_demo
 
@@ -107,6 +116,13 @@ def setup_django() -> dict[str, str]:
     user.is_staff = user.is_superuser = True
     user.set_password(password)
     user.save()
+    # A new demo fleet replaces the last one: its workers belonged to the old demo token.
+    demo_actor = Actor(label="demo", scope=OPERATOR)
+    stale = Worker.objects.filter(
+        Q(owner_token__name="demo-worker") | Q(name__in=demo_worker_names(workers))
+    )
+    for name in stale.values_list("name", flat=True):
+        worker_deregister(name=name, actor=demo_actor)
     ApiToken.objects.filter(name__in=["demo-worker", "demo-operator"]).delete()
     _, worker_token = api_token_create(name="demo-worker", scope="worker", created_by=user)
     _, operator_token = api_token_create(name="demo-operator", scope="operator", created_by=user)
@@ -191,11 +207,13 @@ async def drive(base_url: str, *, requests: int, rate: float, seed: int, quiet: 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     logs = ROOT / "var" / "demo-logs"
     logs.mkdir(parents=True, exist_ok=True)
     base_url = f"http://127.0.0.1:{args.port}"
     print("kvroute demo: preparing the database, login and demo policies")
-    creds = setup_django()
+    creds = setup_django(workers=args.workers)
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     env["PYTHONUNBUFFERED"] = "1"
@@ -222,8 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         wait_for(f"{base_url}/gateway/health", timeout_s=60, children=children, what="the web process")
         print(f"jobs: {start_jobs(children, env, logs)}")
-        for i, w in enumerate(workers):
-            name = f"sim-{i}"
+        for name, w in zip(demo_worker_names(len(workers)), workers, strict=True):
             agent = [
                 sys.executable, "-m", "workers.agent", "--control-plane", base_url,
                 "--token", creds["worker_token"], "--worker-url", w["url"], "--name", name,
@@ -268,18 +285,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def wait_models(base_url: str, *, children: Children, expected: int, timeout_s: float = 45) -> None:
-    """Wait until the gateway routes to the registered, heartbeating workers."""
+    """Wait until the gateway sees every registered, heartbeating worker as routable."""
     deadline = time.monotonic() + timeout_s
+    routable = 0
     while time.monotonic() < deadline:
         children.check()
         try:
-            r = httpx.get(f"{base_url}/v1/models", timeout=2)
-            if r.status_code == 200 and any(m.get("id") == DEMO_MODEL for m in r.json().get("data", [])):
+            doc = httpx.get(f"{base_url}/gateway/health", timeout=2).json()
+            routable = sum(1 for w in doc.get("workers", {}).values() if w.get("routable"))
+            if routable >= expected:
                 return
         except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.5)
-    raise RuntimeError(f"the gateway never listed model {DEMO_MODEL!r} (see var/demo-logs/agent-*.log)")
+    raise RuntimeError(
+        f"only {routable} of {expected} workers became routable (see var/demo-logs/agent-*.log)"
+    )
 
 
 if __name__ == "__main__":
