@@ -11,7 +11,8 @@ Two layers share one table:
 Layout, chosen for ~150 bytes per entry at a million entries: ``_blocks`` maps a block key to one
 int whose bit ``2*slot`` means "precise on worker ``slot``" and bit ``2*slot+1`` "approximate on
 worker ``slot``" (worker ids are interned as small slot numbers). The dict's insertion order is
-the global recency order (a touch re-inserts the key), so LRU eviction pops from its front. Per
+the global recency order (storing or routing a key re-inserts it; matching does not, to keep the
+hot path read-only), so LRU eviction pops from its front. Per
 worker there is an engine-hash -> key map (to resolve ``BlockRemoved`` and ``parent_block_hash``)
 and an insertion-ordered key -> expiry map for the approximate layer, whose order is both its LRU
 order and its expiry order because one TTL applies to every record.
@@ -23,7 +24,8 @@ Keys are computed from the events' token ids, never taken from the engine's hash
 what the gateway computes from a prompt. What the engine hashes and we do not: a LoRA adapter
 (handled: adapter chains start from a per-adapter root and never match base-model prompts) and
 multimodal or cache-salt extra keys (not handled: two such blocks with the same token ids share
-one key; removing either forgets the key, the safe direction).
+one key; removing either forgets the key, the safe direction). The medium (GPU, CPU offload) is
+not distinguished: a block stored in any tier counts as cached, a removal from any tier forgets it.
 """
 
 from __future__ import annotations
