@@ -47,11 +47,45 @@ class TokenizerAdapter(Protocol):
     async def encode_text(self, text: str, *, worker_url: str) -> Encoded: ...
 
 
+_ASSISTANT_HEADER = render_chat([])
+
+
 class BuiltinAdapter:
+    """`routing.core.tokenizer`, memoised per chat message.
+
+    The builtin tokenizer cuts special markers out before anything else, and the builtin
+    template puts markers around every message's content, so the ids of a rendered
+    conversation are exactly the concatenation of each message's ids plus the assistant
+    header's. Shared system prompts and conversation history are then tokenized once, not
+    per request (tests/gateway/test_parts.py checks the equality on awkward inputs).
+    """
+
     name = "builtin"
 
+    def __init__(self, *, cache_size: int = 4096, max_cached_chars: int = 262_144) -> None:
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._cache_size = cache_size
+        self._max_cached_chars = max_cached_chars
+        self._header_ids = builtin_encode(_ASSISTANT_HEADER)
+
+    def _message_ids(self, message: dict[str, Any]) -> list[int]:
+        text = render_chat([message])[: -len(_ASSISTANT_HEADER)]
+        ids = self._cache.get(text)
+        if ids is not None:
+            self._cache.move_to_end(text)
+            return ids
+        ids = builtin_encode(text)
+        if len(text) <= self._max_cached_chars:
+            self._cache[text] = ids
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return ids
+
     async def encode_chat(self, messages: Sequence[dict[str, Any]], *, worker_url: str) -> Encoded:
-        ids = builtin_encode(render_chat(messages))
+        ids: list[int] = []
+        for message in messages:
+            ids.extend(self._message_ids(message))
+        ids.extend(self._header_ids)
         return Encoded(ids, None, len(ids))
 
     async def encode_text(self, text: str, *, worker_url: str) -> Encoded:

@@ -191,3 +191,28 @@ async def test_redis_stream_sink_writes_and_reads(redis_url: str) -> None:
     assert [r["ttft_ms"] for r in drained] == [0.0, 1.5, 3.0, 4.5, 6.0]
     assert sink.read() == []
     await sink.aclose()
+
+
+async def test_builtin_adapter_per_message_memo_equals_whole_conversation_encoding() -> None:
+    adapter = BuiltinAdapter(cache_size=4)
+    awkward = [
+        "plain words here",
+        "  leading spaces and trailing  ",
+        "\n\nnewlines\n",
+        "contains <|user|> a marker and <|end|> another",
+        "ends with a partial marker <|en",
+        "<|assistant|>",
+        "",
+        "unicode: héllo wörld 日本語 1234",
+    ]
+    roles = ["system", "user", "assistant", "tool", "developer"]
+    for i in range(40):
+        messages: list[dict[str, Any]] = [
+            {"role": roles[(i + j) % len(roles)], "content": awkward[(i * 3 + j) % len(awkward)]} for j in range(1 + i % 4)
+        ]
+        if i % 5 == 0:
+            messages.append({"role": "user", "content": [{"type": "text", "text": "part one "}, {"type": "image_url"}, {"type": "text", "text": "two"}]})
+        if i % 7 == 0:
+            messages.append({"role": "assistant", "content": None})
+        enc = await adapter.encode_chat(messages, worker_url="")
+        assert enc.token_ids == builtin_encode(render_chat(messages)), messages
