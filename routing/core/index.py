@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from heapq import heappop, heappush
 from itertools import islice
 from typing import NamedTuple
@@ -78,6 +78,8 @@ class IndexStats:
     expired_blocks: int
     orphaned_blocks: int
     approx_ttl_s: float
+    # block size of each worker's latest BlockStored: keys only match prompts hashed with it
+    event_block_sizes: dict[str, int] = field(default_factory=dict)
 
 
 class PrefixIndex:
@@ -113,6 +115,7 @@ class PrefixIndex:
         self._approx: list[dict[int, float]] = []
         self._precise_count: list[int] = []
         self._capacity: list[int] = []
+        self._event_block_size: list[int] = []
         # One shared int object per slot bit, and interned multi-worker masks: most keys have the
         # same few holder sets, so sharing the mask objects saves ~35 bytes per entry.
         self._pbit: list[int] = []
@@ -138,6 +141,7 @@ class PrefixIndex:
             slot = heappop(self._free_slots)
             self._worker_of[slot] = worker_id
             self._capacity[slot] = self._default_capacity
+            self._event_block_size[slot] = 0
         else:
             slot = len(self._worker_of)
             self._worker_of.append(worker_id)
@@ -145,6 +149,7 @@ class PrefixIndex:
             self._approx.append({})
             self._precise_count.append(0)
             self._capacity.append(self._default_capacity)
+            self._event_block_size.append(0)
             self._pbit.append(1 << (2 * slot))
             self._abit.append(2 << (2 * slot))
         self._slot_of[worker_id] = slot
@@ -245,6 +250,7 @@ class PrefixIndex:
                 return
             parent = known
         keys = token_block_keys(op.token_ids, op.block_size, parent=parent)
+        self._event_block_size[slot] = op.block_size
         pbit = self._pbit[slot]
         abit = pbit << 1
         blocks = self._blocks
@@ -423,6 +429,11 @@ class PrefixIndex:
             expired_blocks=self._expired,
             orphaned_blocks=self._orphaned,
             approx_ttl_s=self._approx_ttl_s,
+            event_block_sizes={
+                worker: self._event_block_size[slot]
+                for slot, worker in enumerate(self._worker_of)
+                if worker is not None and self._event_block_size[slot]
+            },
         )
 
     def __len__(self) -> int:

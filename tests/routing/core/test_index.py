@@ -92,6 +92,7 @@ def test_predictions_equal_a_real_vllm_engines_cached_tokens() -> None:
         applied = request["events_after"]
         assert index.stats().per_worker["vllm"].precise <= golden["num_gpu_blocks_override"]
     assert hits >= 5  # the trace exercises hits, misses and evictions, not just misses
+    assert index.stats().event_block_sizes == {"vllm": 32}
 
 
 def test_lora_blocks_never_match_base_model_prompts() -> None:
