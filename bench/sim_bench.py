@@ -267,6 +267,12 @@ def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="niceness increment for the fleet process (negative needs root)",
+    )
+    ap.add_argument(
         "--no-pin",
         action="store_true",
         help="do not pin the fleet and the load generator to separate cores",
@@ -301,6 +307,16 @@ def main() -> int:
     print(
         f"\nmax workers holding {args.rate:.0f} req/s within {TOLERANCE:.0%} step timing on one core: {best}"
     )
+    print(
+        "\n| workers | offered req/s | delivered req/s | TTFT p50 / p99 ms | step error mean / p99 | fleet CPU (core) | run-queue wait | load | within 5 % |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for p in points:
+        print(
+            f"| {p.workers} | {p.rate_per_s:.0f} | {p.achieved_rate_per_s:.1f} | {p.ttft_p50_ms:.0f} / {p.ttft_p99_ms:.0f} | "
+            f"{p.step_mean_error:+.1%} / {p.step_p99_error:+.0%} | {p.fleet_cpu_frac:.2f} | {p.fleet_runqueue_wait_frac:.2f} | "
+            f"{p.load_avg_1m:.1f} | {'yes' if p.holds else 'no'} |"
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(
