@@ -53,6 +53,10 @@ class MetricsUnavailable(RuntimeError):
 class ControlPlaneError(RuntimeError):
     """The control plane refused a request; the message carries its answer."""
 
+    def __init__(self, message: str, *, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
 
 @dataclass(frozen=True, slots=True)
 class EngineMetrics:
@@ -303,7 +307,8 @@ class Agent:
             return {}
         if response.status_code >= 400:
             raise ControlPlaneError(
-                f"{method} {path} -> {response.status_code}: {response.text[:500]}"
+                f"{method} {path} -> {response.status_code}: {response.text[:500]}",
+                status_code=response.status_code,
             )
         if not response.content:
             return {}
@@ -362,7 +367,7 @@ async def run_agent(
                     await agent.heartbeat()
                 except (httpx.HTTPError, MetricsUnavailable, ControlPlaneError) as exc:
                     log.warning("heartbeat of %s failed: %s", config.name, exc)
-                    if isinstance(exc, ControlPlaneError) and " 404:" in str(exc):
+                    if isinstance(exc, ControlPlaneError) and exc.status_code == 404:
                         # The control plane forgot us (e.g. an operator deleted the worker
                         # or the database was reset): register again.
                         await agent.register_until_done(stop=stop)

@@ -267,3 +267,15 @@ def test_agent_with_a_bad_token_keeps_retrying_and_stops_on_sigterm(
         run.stop()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_agent_re_registers_when_the_control_plane_forgot_the_worker(
+    supervised_sim: tuple[AgentRun, str, int],
+) -> None:
+    run, url, _ = supervised_sim
+    _wait(lambda: _worker("sim-a"), timeout_s=30, what="registration", log=run.log, proc=run.proc)
+    # E.g. a database restored from a backup: the next heartbeat gets 404.
+    Worker.objects.filter(name="sim-a").delete()
+    worker = _wait(lambda: _worker("sim-a"), timeout_s=10, what="re-registration", log=run.log)
+    assert isinstance(worker, Worker) and worker.base_url == url and worker.capacity_blocks == 96
