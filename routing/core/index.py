@@ -295,19 +295,28 @@ class PrefixIndex:
         slot = self._slot(worker_id)
         if not keys:
             return
-        pbit = 1 << (2 * slot)
+        pbit = self._pbit[slot]
         abit = self._abit[slot]
+        held = pbit | abit
         expiry_s = now_s + self._approx_ttl_s
         blocks = self._blocks
+        pop = blocks.pop
         approx = self._approx[slot]
+        approx_pop = approx.pop
+        # Per request on the gateway's path: the branches keep the common cases (new key, or a
+        # key this worker already holds) to a handful of dict operations.
         for key in reversed(keys):  # tail first: see _store
-            value = blocks.pop(key, 0)
-            if value & pbit:
+            value = pop(key, 0)
+            if not value:
+                blocks[key] = abit
+            elif value & held:
                 blocks[key] = value
-                continue
-            blocks[key] = self._intern(value | abit) if value else abit
+                if value & pbit:
+                    continue
+            else:
+                blocks[key] = self._intern(value | abit)
             # re-insert so the dict's order stays oldest-expiry-first
-            approx.pop(key, None)
+            approx_pop(key, None)
             approx[key] = expiry_s
         self._expiry_queue.append((expiry_s, slot))
         self._bound_approx(slot)
