@@ -124,9 +124,14 @@ def test_a_live_worker_reproduces_the_trace_over_http_and_zmq(golden: dict[str, 
                 resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
                 == req["cached_tokens"]
             )
-            while sub.poll(100):  # published before the response was sent
-                raw.append(sub.recv_multipart())
+            # Published before the response was sent; only the ZMQ I/O thread can lag.
+            deadline = time.monotonic() + 5
+            while len(raw) < req["events_after"] and time.monotonic() < deadline:
+                if sub.poll(100):
+                    raw.append(sub.recv_multipart())
             assert len(raw) == req["events_after"], req["label"]
+        while sub.poll(300):  # nothing extra after the last request either
+            raw.append(sub.recv_multipart())
         sub.close()
     assert [int.from_bytes(f[1], "big") for f in raw] == [b["seq"] for b in golden["event_batches"]]
     for frames, recorded in zip(raw, golden["event_batches"], strict=True):
