@@ -256,6 +256,60 @@ def measure(
     )
 
 
+def engine_cost(
+    *, rate: float, duration_s: float, prompt_tokens: int, output_tokens: int, seed: int
+) -> dict[str, float]:
+    """CPU cost of the pure engine in virtual time (no HTTP, no sleeping): one h100-8b
+    engine fed the same workload; independent of other load on the machine."""
+    from workers.sim.engine import Engine
+    from workers.sim.profiles import PROFILES
+
+    rng = random.Random(seed)
+    engine = Engine(profile=PROFILES["h100-8b"], num_blocks=4096, eos_range=None)
+    shared = [rng.randrange(1000, 30000) for _ in range(prompt_tokens // 2)]
+    arrivals: list[float] = []
+    t = 0.0
+    while t < duration_s:
+        arrivals.append(t)
+        t += rng.expovariate(rate)
+    cpu0 = time.thread_time()
+    now, i, steps, batch = 0.0, 0, 0, 0
+    while i < len(arrivals) or engine.has_work():
+        while i < len(arrivals) and arrivals[i] <= now:
+            head = (
+                shared
+                if i % 2 == 0
+                else [rng.randrange(1000, 30000) for _ in range(prompt_tokens // 2)]
+            )
+            prompt = head + [rng.randrange(1000, 30000) for _ in range(prompt_tokens - len(head))]
+            engine.add_request(
+                request_id=f"r{i}",
+                prompt_token_ids=prompt,
+                max_tokens=output_tokens,
+                arrival_s=arrivals[i],
+                ignore_eos=True,
+            )
+            i += 1
+        nxt = engine.next_step_time_s(now_s=now)
+        if nxt is None:
+            now = arrivals[i]
+            continue
+        batch += engine.stats().running
+        result = engine.step(now_s=nxt)
+        now = result.end_s if result.duration_s > 0 else max(now, nxt)
+        steps += 1
+    cpu_s = time.thread_time() - cpu0
+    return {
+        "requests": len(arrivals),
+        "steps": steps,
+        "cpu_s": cpu_s,
+        "us_per_step": cpu_s / steps * 1e6 if steps else 0.0,
+        "mean_running_per_step": batch / steps if steps else 0.0,
+        "model_s": now,
+        "virtual_speedup": now / cpu_s if cpu_s else 0.0,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -282,6 +336,19 @@ def main() -> int:
     fleet_core = None if args.no_pin or len(cores) < 2 else cores[0]
     if fleet_core is not None:
         os.sched_setaffinity(0, set(cores[1:]))
+    cost = engine_cost(
+        rate=args.rate / 16,
+        duration_s=60.0,
+        prompt_tokens=args.prompt_tokens,
+        output_tokens=args.output_tokens,
+        seed=args.seed,
+    )
+    print(
+        f"engine alone (virtual time, one worker's share = {args.rate / 16:.2f} req/s, 60 model s): "
+        f"{cost['steps']} steps, {cost['us_per_step']:.0f} us CPU/step, {cost['mean_running_per_step']:.1f} running/step, "
+        f"{cost['virtual_speedup']:.0f}x faster than real time",
+        flush=True,
+    )
     points = []
     for n in (int(x) for x in args.workers.split(",")):
         p = measure(
@@ -335,6 +402,7 @@ def main() -> int:
                     "tolerance": TOLERANCE,
                     "fleet_core": fleet_core,
                 },
+                "engine_virtual_time": cost,
                 "points": [asdict(p) for p in points],
                 "max_workers_holding": best,
             },
