@@ -118,7 +118,9 @@ def main() -> int:
     print(
         f"control plane, {args.workers} workers / {args.models} models, SQLite, {args.repeat} runs each"
     )
-    print(f"snapshot document: {doc_bytes} bytes")
+    print(
+        f"snapshot document: {doc_bytes} bytes; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     print(f"{'operation':40s} {'median ms':>10s} {'p95 ms':>10s} {'max ms':>10s}")
     for name, r in rows.items():
         print(f"{name:40s} {r['median_ms']:10.3f} {r['p95_ms']:10.3f} {r['max_ms']:10.3f}")
@@ -133,6 +135,8 @@ def main() -> int:
                 "repeat": args.repeat,
                 "database": "sqlite",
                 "snapshot_bytes": doc_bytes,
+                "load_avg_1m": round(os.getloadavg()[0], 2),
+                "cpus": os.cpu_count(),
                 "results": rows,
             },
             indent=2,
