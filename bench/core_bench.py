@@ -37,7 +37,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable witho
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from routing.core.blocks import token_block_keys
-from routing.core.events import BlockStored
+from routing.core.events import BlockRemoved, BlockStored
 from routing.core.index import PrefixIndex
 from routing.core.registry import build_policy
 from routing.core.types import RequestFeatures, WorkerView
@@ -241,6 +241,41 @@ def measure_decisions(
     }
 
 
+def measure_updates(*, index: PrefixIndex, tokens: list[int], repeats: int) -> list[dict[str, Any]]:
+    """Per-request and per-event index writes for one 8k-token prompt (512 blocks): recording it
+    as routed to a worker that holds none / all of it, and an engine storing then evicting it."""
+    keys = token_block_keys(tokens, BLOCK_SIZE)
+    stored = stored_chain(tokens, first_hash=10**12, parent_hash=None)
+    removed = BlockRemoved(stored.engine_hashes)
+    samples: dict[str, list[float]] = {
+        "record_routed (new blocks)": [],
+        "record_routed (held blocks)": [],
+        "apply BlockStored": [],
+        "apply BlockRemoved": [],
+    }
+
+    def clocked(name: str, fn: Callable[[], object]) -> None:
+        start = time.perf_counter()
+        fn()
+        samples[name].append(time.perf_counter() - start)
+
+    for _ in range(repeats):
+        clocked("record_routed (new blocks)", lambda: index.record_routed("x", keys, now_s=1.0))
+        clocked("record_routed (held blocks)", lambda: index.record_routed("x", keys, now_s=1.0))
+        index.remove_worker("x")
+        clocked("apply BlockStored", lambda: index.apply("y", [stored], now_s=1.0))
+        clocked("apply BlockRemoved", lambda: index.apply("y", [removed], now_s=1.0))
+    return [
+        {
+            "op": name,
+            "blocks": len(keys),
+            "p50_us": statistics.median(values) * 1e6,
+            "p99_us": percentile(values, 0.99) * 1e6,
+        }
+        for name, values in samples.items()
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="100k entries, fewer repetitions")
@@ -275,12 +310,15 @@ def main(argv: list[str] | None = None) -> int:
     ]
 
     rows = []
+    updates: list[dict[str, Any]] = []
     for n_workers in fleet_sizes:
         rng = random.Random(n_workers)
         build_start = time.perf_counter()
         index = build_index(n_workers=n_workers, entries=entries, prompts=prompts, rng=rng)
         build_s = time.perf_counter() - build_start
         workers = make_workers(n_workers, rng)
+        if n_workers == 64:
+            updates = measure_updates(index=index, tokens=prompts[8192], repeats=repeats)
         for n in prompt_sizes:
             for name in policies:
                 row = measure_decisions(
@@ -320,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
         "hashing": hashing,
         "memory": memory,
         "decisions": rows,
+        "index_updates": updates,
         "checks": checks,
         "elapsed_s": time.perf_counter() - started,
     }
@@ -346,6 +385,9 @@ def render(result: dict[str, Any]) -> str:
             f"{r['match_p50_ms']:>11.3f}"
             f"{r['decide_p50_ms']:>12.3f}"
         )
+    lines += ["", f"{'index update':<28}{'p50 us':>9}{'p99 us':>9}  (8k prompt, 64 workers)"]
+    for u in result["index_updates"]:
+        lines.append(f"{u['op']:<28}{u['p50_us']:>9.1f}{u['p99_us']:>9.1f}")
     lines += ["", f"{'hashing':<15}{'prompt':>8}{'blocks':>9}{'p50 us':>9}{'p99 us':>9}"]
     for h in result["hashing"]:
         lines.append(
