@@ -25,6 +25,7 @@ from bench.workloads import (
     BenchRequest,
     build_workload,
     oracle_hit_rate,
+    requests_from_records,
     with_arrivals,
 )
 
@@ -40,7 +41,8 @@ def _kv(items: list[str] | None, *, flag: str) -> dict[str, str]:
 
 
 def add_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", required=True, choices=sorted(WORKLOAD_PARAMS))
+    p.add_argument("--workload", required=True, choices=[*sorted(WORKLOAD_PARAMS), "records"])
+    p.add_argument("--records", help="workload records: JSON list or JSONL of recorded requests")
     p.add_argument("--param", action="append", metavar="NAME=VALUE", help="workload parameter")
     p.add_argument(
         "--trace", help="trace JSONL path (workload trace; default: bench/traces/ Mooncake)"
@@ -56,6 +58,21 @@ def add_workload_args(p: argparse.ArgumentParser) -> None:
 
 
 def workload_from_args(args: argparse.Namespace) -> list[BenchRequest]:
+    if args.workload == "records":
+        if not args.records:
+            raise SystemExit("--workload records needs --records PATH")
+        try:
+            text = Path(args.records).read_text(encoding="utf-8")
+            stripped = text.lstrip()
+            recs = (
+                json.loads(text)
+                if stripped.startswith("[")
+                else [json.loads(line) for line in text.splitlines() if line.strip()]
+            )
+            reqs = requests_from_records(recs, block_size=args.block_size, seed=args.seed)
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--records: {exc}") from None
+        return reqs[: args.limit] if args.limit else reqs
     params: dict[str, Any] = _kv(args.param, flag="--param")
     if args.workload == "trace":
         if args.trace:

@@ -51,10 +51,19 @@ DEFAULT_TRACE = Path(__file__).resolve().parent / "traces" / "mooncake_synthetic
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A run of ``length`` deterministic token ids named by ``label``."""
+    """A run of ``length`` deterministic token ids named by ``label``, or, when ``literal`` is
+    set, exactly those token ids (recorded requests)."""
 
     label: str
     length: int
+    literal: tuple[int, ...] | None = None
+
+    def tokens(self, seed: int) -> tuple[int, ...]:
+        return (
+            self.literal
+            if self.literal is not None
+            else segment_tokens(seed, self.label, self.length)
+        )
 
 
 @lru_cache(maxsize=16384)
@@ -95,7 +104,7 @@ class BenchRequest:
     def token_ids(self) -> list[int]:
         out: list[int] = []
         for s in self.segments:
-            out.extend(segment_tokens(self.seed, s.label, s.length))
+            out.extend(s.tokens(self.seed))
         return out
 
     def block_keys(self, block_size: int) -> tuple[int, ...]:
@@ -108,13 +117,13 @@ class BenchRequest:
         parent = ROOT_KEY
         carry: list[int] = []
         for s in self.segments:
-            if not carry and s.length % block_size == 0:
+            if not carry and s.literal is None and s.length % block_size == 0:
                 seg_keys = _aligned_keys(self.seed, s.label, s.length, block_size, parent)
                 if seg_keys:
                     keys.extend(seg_keys)
                     parent = seg_keys[-1]
                 continue
-            carry.extend(segment_tokens(self.seed, s.label, s.length))
+            carry.extend(s.tokens(self.seed))
             full = len(carry) // block_size
             if full:
                 seg_keys = token_block_keys(carry[: full * block_size], block_size, parent=parent)
@@ -396,6 +405,75 @@ def load_trace(
     return out
 
 
+def requests_from_records(
+    records: Sequence[Mapping[str, Any]], *, block_size: int = 16, seed: int = 0
+) -> list[BenchRequest]:
+    """Recorded requests (dicts) -> requests, in arrival order.
+
+    Each record needs ``prompt_token_ids`` (a list of ints) or ``block_keys`` (chained keys of
+    ``block_size``-token blocks) with ``prompt_tokens``; optional ``request_id``, ``ts_s`` or
+    ``arrival_s`` (seconds; offsets from the first record are used), ``max_tokens`` or
+    ``output_tokens`` (default 16), ``tenant``, ``session_key``. A block key becomes
+    ``block_size`` deterministic tokens named after the key, so requests that shared key k share
+    those tokens and the simulator sees the same reuse; tokens past the keyed blocks are unique
+    to the request. Raises ValueError naming the record and the field.
+    """
+    out = []
+    t0: float | None = None
+    for i, rec in enumerate(records):
+        rid = str(rec.get("request_id") or f"rec{i}")
+        ts = rec.get("arrival_s", rec.get("ts_s"))
+        if ts is not None:
+            if isinstance(ts, bool) or not isinstance(ts, int | float):
+                raise ValueError(f"record {i}: field 'ts_s' must be a number")
+            t0 = float(ts) if t0 is None else min(t0, float(ts))
+        max_tokens = rec.get("max_tokens", rec.get("output_tokens")) or 16
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"record {i}: field 'max_tokens' must be a positive integer")
+        if rec.get("prompt_token_ids") is not None:
+            ids = rec["prompt_token_ids"]
+            if (
+                not isinstance(ids, list)
+                or not ids
+                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+            ):
+                raise ValueError(
+                    f"record {i}: field 'prompt_token_ids' must be a non-empty list of token ids"
+                )
+            segs: tuple[Segment, ...] = (Segment(f"{rid}/literal", len(ids), tuple(ids)),)
+        elif rec.get("block_keys") is not None:
+            keys = rec["block_keys"]
+            n = rec.get("prompt_tokens")
+            if not isinstance(keys, list) or not all(isinstance(k, int) for k in keys):
+                raise ValueError(f"record {i}: field 'block_keys' must be a list of integers")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"record {i}: field 'prompt_tokens' must be a positive integer")
+            n = max(n, len(keys) * block_size)
+            seg_list = [Segment(f"key{k}", block_size) for k in keys]
+            if n > len(keys) * block_size:
+                seg_list.append(Segment(f"{rid}/rest", n - len(keys) * block_size))
+            segs = tuple(seg_list)
+        else:
+            raise ValueError(f"record {i}: needs 'prompt_token_ids' or 'block_keys'")
+        out.append(
+            BenchRequest(
+                request_id=rid,
+                segments=segs,
+                max_tokens=int(max_tokens),
+                seed=seed,
+                arrival_s=float(ts) if ts is not None else None,
+                tenant=rec.get("tenant"),
+                session_key=rec.get("session_key"),
+            )
+        )
+    if t0 is not None:
+        out = [
+            replace(r, arrival_s=r.arrival_s - t0) if r.arrival_s is not None else r for r in out
+        ]
+        out.sort(key=lambda r: r.arrival_s if r.arrival_s is not None else 0.0)
+    return out
+
+
 _BUILDERS: dict[str, Callable[[Mapping[str, Any], int], list[BenchRequest]]] = {
     "tenants": _tenants,
     "chat": _chat,
@@ -524,6 +602,7 @@ __all__ = [
     "load_trace",
     "oracle_hit_rate",
     "poisson_arrivals",
+    "requests_from_records",
     "resolve_params",
     "segment_tokens",
     "trace_request",

@@ -174,3 +174,34 @@ def test_poisson_arrivals_rate() -> None:
     assert timed[0].arrival_s == 0.0
     assert all(b.arrival_s >= a.arrival_s for a, b in zip(timed, timed[1:], strict=False))
     assert timed[-1].arrival_s == pytest.approx(2000 / 50.0, rel=0.1)
+
+
+def test_records_with_block_keys_or_token_ids() -> None:
+    from bench.workloads import requests_from_records
+
+    recs = [
+        {
+            "request_id": "b",
+            "ts_s": 101.0,
+            "block_keys": [11, 12, 13],
+            "prompt_tokens": 50,
+            "output_tokens": 4,
+        },
+        {"request_id": "a", "ts_s": 100.0, "block_keys": [11, 12], "prompt_tokens": 40},
+        {"request_id": "c", "ts_s": 102.5, "prompt_token_ids": [5, 6, 7, 8, 9]},
+    ]
+    reqs = requests_from_records(recs, block_size=16)
+    assert [r.request_id for r in reqs] == ["a", "b", "c"]
+    assert [r.arrival_s for r in reqs] == [0.0, 1.0, 2.5]
+    a, b, c = reqs
+    assert (a.prompt_tokens, b.prompt_tokens, c.prompt_tokens) == (40, 50, 5)
+    assert b.max_tokens == 4 and a.max_tokens == 16
+    assert a.token_ids()[:32] == b.token_ids()[:32] and a.token_ids()[32:] != b.token_ids()[32:40]
+    assert c.token_ids() == [5, 6, 7, 8, 9]
+    assert a.block_keys(16) == b.block_keys(16)[:2]
+    # b reuses a's two keyed blocks: 32 of b's 50 tokens; a and c reuse nothing.
+    assert oracle_hit_rate(reqs, block_size=16).per_request == {"a": 0, "b": 32, "c": 0}
+    with pytest.raises(ValueError, match="record 0.*prompt_tokens"):
+        requests_from_records([{"block_keys": [1]}])
+    with pytest.raises(ValueError, match="record 0"):
+        requests_from_records([{"ts_s": 1.0}])
