@@ -20,6 +20,7 @@ from routing.core.events import (
     decode_message,
     encode_batch,
     is_replay_end,
+    validate_op,
 )
 from tests.routing.core.conftest import make_stored, make_tokens
 
@@ -202,6 +203,61 @@ def test_both_wire_shapes_decode_to_the_same_ops(ops: list[KVOp], seq: int, rank
     as_map = decode_message(encode_batch(seq, 12.5, ops, shape="map", dp_rank=rank))
     as_array = decode_message(encode_batch(seq, 12.5, ops, shape="array", dp_rank=rank))
     assert as_map == as_array == EventBatch(seq=seq, ts=12.5, ops=tuple(ops), dp_rank=rank)
+
+
+msgpack_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+    | st.binary(max_size=9)
+    | st.sampled_from(["BlockStored", "BlockRemoved", "AllBlocksCleared", "type", "ts"]),
+    lambda inner: (
+        st.lists(inner, max_size=6)
+        | st.dictionaries(
+            st.sampled_from(["type", "ts", "events", "block_hashes", "token_ids"]), inner
+        )
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(payload=msgpack_values)
+def test_arbitrary_payloads_decode_cleanly_or_raise_malformed(payload: object) -> None:
+    try:
+        batch = decode_message(frames(payload))
+    except MalformedEvent:
+        return
+    for op in batch.ops:
+        validate_op(op)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(kv_ops(), min_size=1, max_size=3), data=st.data())
+def test_corrupted_wire_bytes_never_escape_as_other_errors(
+    ops: list[KVOp], data: st.DataObject
+) -> None:
+    topic, seq, payload = encode_batch(
+        1, 0.0, ops, shape=data.draw(st.sampled_from(["map", "array"]))
+    )
+    position = data.draw(st.integers(0, len(payload) - 1))
+    corrupted = data.draw(
+        st.sampled_from(
+            [
+                payload[:position],
+                payload[:position] + bytes([payload[position] ^ 0xFF]) + payload[position + 1 :],
+                payload[:position] + b"\xc1" + payload[position:],
+            ]
+        )
+    )
+    try:
+        batch = decode_message([topic, seq, corrupted])
+    except MalformedEvent:
+        return
+    for op in batch.ops:
+        validate_op(op)
 
 
 GOOD = ["BlockStored", [1], None, list(range(16)), 16, None, "GPU"]
