@@ -223,7 +223,7 @@ msgpack_values = st.recursive(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(payload=msgpack_values)
 def test_arbitrary_payloads_decode_cleanly_or_raise_malformed(payload: object) -> None:
     try:
@@ -234,7 +234,7 @@ def test_arbitrary_payloads_decode_cleanly_or_raise_malformed(payload: object) -
         validate_op(op)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(ops=st.lists(kv_ops(), min_size=1, max_size=3), data=st.data())
 def test_corrupted_wire_bytes_never_escape_as_other_errors(
     ops: list[KVOp], data: st.DataObject
