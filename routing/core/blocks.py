@@ -1,7 +1,8 @@
 """Chained block keys: a prompt becomes the keys of its full blocks.
 
 Block ``i`` of a prompt has key ``key_i = H(key_{i-1}, tokens_i)`` with ``key_{-1} = ROOT_KEY``,
-so two prompts share key ``i`` exactly when they share their first ``i + 1`` blocks. ``H`` is
+so two prompts share key ``i`` exactly when they share their first ``i + 1`` blocks (up to
+64-bit hash collisions). ``H`` is
 xxh3-64 of the block's token ids packed as unsigned 32-bit little-endian integers, seeded with the
 parent key. The hash has no per-process salt (unlike Python's ``hash``), so every gateway replica,
 the simulated engine and offline replays compute the same keys on any machine.
@@ -52,8 +53,8 @@ def token_block_keys(
     """Chained keys of the full ``block_size``-token blocks of ``tokens``.
 
     A partial last block gets no key (an engine caches only full blocks). ``parent`` is the key of
-    the block before ``tokens[0]`` (``ROOT_KEY`` for a prompt's start). Cost is about 0.1 us per
-    token-block pair on one core plus ~4 ns per token for packing.
+    the block before ``tokens[0]`` (``ROOT_KEY`` for a prompt's start). Costs about 0.12 us per
+    block plus 4 ns per token on one core (~95 us for 8,192 tokens at block size 16).
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
