@@ -3,8 +3,9 @@
 Block ``i`` of a prompt has key ``key_i = H(key_{i-1}, tokens_i)`` with ``key_{-1} = ROOT_KEY``,
 so two prompts share key ``i`` exactly when they share their first ``i + 1`` blocks (up to
 64-bit hash collisions). ``H`` is xxh3-64 of the block's token ids packed as unsigned 32-bit
-little-endian integers, seeded with the parent key. The hash has no per-process salt (unlike Python's ``hash``), so every gateway replica,
-the simulated engine and offline replays compute the same keys on any machine.
+little-endian integers, seeded with the parent key. The hash has no per-process salt (unlike
+Python's ``hash``), so every gateway replica, the simulated engine and offline replays compute
+the same keys on any machine.
 """
 
 from __future__ import annotations
