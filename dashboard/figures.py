@@ -312,6 +312,7 @@ def score_breakdown_figure(candidates: Sequence[Mapping[str, Any]], *, chosen: s
             "y": [c.get("score") for c in candidates],
             "text": ["chosen" if w == chosen else "" for w in workers],
             "textposition": "top center",
+            "cliponaxis": False,
             "marker": {"color": "#111827", "size": 10, "symbol": "diamond"},
         }
     )

@@ -146,8 +146,13 @@ def worker_rollup_summary(*, since_s: float, now_s: float | None = None) -> dict
     rows: dict[str, list[Rollup]] = defaultdict(list)
     for r in Rollup.objects.filter(granularity=Rollup.MINUTE, bucket_start__gte=dt_from_s(since_s)):
         rows[r.worker_id].append(r)
+    # Rates over the time the worker has had traffic in the window, not the whole window,
+    # so a worker that started a minute ago does not look idle.
     return {
-        w: rollups.summarize(rollups_merged(rs), duration_s=max(now_s - since_s, 1.0))
+        w: rollups.summarize(
+            rollups_merged(rs),
+            duration_s=max(now_s - min(r.bucket_start.timestamp() for r in rs), 1.0),
+        )
         for w, rs in rows.items()
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import template
+from django.utils.html import format_html
 
 register = template.Library()
 DASH = "–"
@@ -29,7 +30,9 @@ def ms(value: Any) -> str:
 def num(value: Any, digits: int = 2) -> str:
     if value is None or value == "":
         return DASH
-    v = float(value)
+    v = float(value) + 0.0  # no "-0.000"
+    if round(v, int(digits)) == 0:
+        v = 0.0
     if v.is_integer() and abs(v) >= 100:
         return f"{int(v):,}"
     return f"{v:,.{int(digits)}f}"
@@ -56,8 +59,13 @@ def get(mapping: Any, key: Any) -> Any:
 
 @register.filter
 def ci(interval: Any, kind: str = "ms") -> str:
-    """ "estimate [lo, hi]" of an interval dict, formatted as ms or %."""
+    """Estimate with its interval underneath, from an interval dict; ms or %."""
     if not interval:
         return DASH
     f = pct if kind == "pct" else ms
-    return f"{f(interval['estimate'])} [{f(interval['lo'])}, {f(interval['hi'])}]"
+    return format_html(
+        '{}<span class="ci">{} – {}</span>',
+        f(interval["estimate"]),
+        f(interval["lo"]),
+        f(interval["hi"]),
+    )

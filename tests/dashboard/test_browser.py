@@ -117,6 +117,8 @@ def product(
 
     settings.KVROUTE_TELEMETRY_DRAIN_INTERVAL_S = 0.5
     settings.KVROUTE_TELEMETRY_SCRAPE_INTERVAL_S = 1.0
+    # No worker agent heartbeats here; registration's heartbeat must last the whole test.
+    settings.KVROUTE_HEARTBEAT_TIMEOUT_S = 600.0
     monkeypatch.setenv("KVROUTE_EMBEDDED_JOBS", "1")
     fleet = SimFleet(2, model=MODEL, time_scale=0.05).start()
     server = None
@@ -228,6 +230,7 @@ def test_operator_watches_live_traffic_and_tunes_a_weight(
     product: dict[str, Any], tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
 
     url = product["url"]
     driver = chromium()
@@ -268,48 +271,105 @@ def test_operator_watches_live_traffic_and_tunes_a_weight(
                 what="per-worker fleet traces",
             )
             time.sleep(2.5)  # a few more points, so the screenshot shows lines, not dots
+            assert driver.save_screenshot(str(tmp_path / "overview.png"))
             assert not traffic.errors, traffic.errors[:3]
-            shot = tmp_path / "overview.png"
-            assert driver.save_screenshot(str(shot))
-        assert traffic.sent > 20
-        assert RequestRecord.objects.filter(worker_id__in=["sim-0", "sim-1"]).exists()
-        assert FleetSample.objects.filter(worker_id="sim-0", ok=True).exists()
+            assert RequestRecord.objects.filter(worker_id__in=["sim-0", "sim-1"]).exists()
+            assert FleetSample.objects.filter(worker_id="sim-0", ok=True).exists()
 
-        # Edit a weight: the form is generated from the policy's schema; save and activate.
-        driver.get(url + "/policies/kv-default/")
-        field = driver.find_element(By.ID, "id_param__cache_weight")
-        field.clear()
-        field.send_keys("2.5")
-        driver.find_element(By.ID, "save-activate").click()
-        wait_for(
-            driver,
-            "return document.body.innerText.includes('Saved and activated kv-default v2')",
-            timeout_s=10,
-            what="the save confirmation",
-        )
-        v2 = PolicyVersion.objects.get(policy__name="kv-default", number=2)
-        assert v2.params["cache_weight"] == 2.5
-        policy_shot = tmp_path / "policy.png"
-        assert driver.save_screenshot(str(policy_shot))
+            # The workers table shows both simulated workers with live metrics and actions.
+            driver.get(url + "/workers/")
+            table = driver.find_element(By.TAG_NAME, "table").text
+            assert "sim-0" in table and "sim-1" in table and "healthy" in table and "Drain" in table
+            driver.save_screenshot(str(tmp_path / "workers.png"))
 
-        # A value outside the schema's range is refused, naming the field, in the page.
-        field = driver.find_element(By.ID, "id_param__cache_weight")
-        field.clear()
-        field.send_keys("-3")
-        driver.execute_script("document.getElementById('weights-form').noValidate = true")
-        driver.find_element(By.ID, "save-version").click()
-        wait_for(
-            driver,
-            "return document.getElementById('error-cache_weight') !== null",
-            timeout_s=10,
-            what="the field error",
-        )
-        assert not PolicyVersion.objects.filter(number=3).exists()
+            # The request explorer explains a routed request: its candidates and score terms.
+            driver.get(url + "/requests/")
+            driver.find_element(By.CSS_SELECTOR, "td a[href^='/requests/']").click()
+            wait_for(
+                driver,
+                "return document.getElementById('chart-why') && document.getElementById('chart-why').data",
+                timeout_s=10,
+                what="the score breakdown chart",
+            )
+            assert "chosen" in driver.find_element(By.TAG_NAME, "table").text
+            driver.save_screenshot(str(tmp_path / "request.png"))
+
+            # Edit a weight: the form is generated from the policy's schema; save and activate.
+            driver.get(url + "/policies/kv-default/")
+            field = driver.find_element(By.ID, "id_param__cache_weight")
+            field.clear()
+            field.send_keys("2.5")
+            driver.find_element(By.ID, "save-activate").click()
+            wait_for(
+                driver,
+                "return document.body.innerText.includes('Saved and activated kv-default v2')",
+                timeout_s=10,
+                what="the save confirmation",
+            )
+            v2 = PolicyVersion.objects.get(policy__name="kv-default", number=2)
+            assert v2.params["cache_weight"] == 2.5
+            assert driver.save_screenshot(str(tmp_path / "policy.png"))
+
+            # A value outside the schema's range is refused, naming the field, in the page.
+            field = driver.find_element(By.ID, "id_param__cache_weight")
+            field.clear()
+            field.send_keys("-3")
+            driver.execute_script("document.getElementById('weights-form').noValidate = true")
+            driver.find_element(By.ID, "save-version").click()
+            wait_for(
+                driver,
+                "return document.getElementById('error-cache_weight') !== null",
+                timeout_s=10,
+                what="the field error",
+            )
+            assert not PolicyVersion.objects.filter(number=3).exists()
+
+            # A/B: v1 against v2, split per request; traffic flows into both arms.
+            v1 = PolicyVersion.objects.get(policy__name="kv-default", number=1)
+            driver.get(url + "/experiments/")
+            driver.find_element(By.ID, "id_name").send_keys("w1-vs-w25")
+            Select(driver.find_element(By.ID, "id_sticky")).select_by_value("request")
+            Select(driver.find_element(By.NAME, "arm_A_version")).select_by_value(str(v1.pk))
+            Select(driver.find_element(By.NAME, "arm_B_version")).select_by_value(str(v2.pk))
+            driver.find_element(By.CSS_SELECTOR, "#experiment-form button[type=submit]").click()
+            wait_for(
+                driver,
+                "return location.pathname === '/experiments/w1-vs-w25/'",
+                timeout_s=10,
+                what="the new experiment's page",
+            )
+            driver.find_element(By.XPATH, "//button[text()='Start']").click()
+            wait_for(
+                driver,
+                "return document.body.innerText.includes('is running')",
+                timeout_s=10,
+                what="the experiment to start",
+            )
+            deadline = time.monotonic() + 30
+            arms: set[str] = set()
+            while time.monotonic() < deadline and len(arms) < 2:
+                arms = set(
+                    RequestRecord.objects.filter(arm__in=["A", "B"]).values_list("arm", flat=True)
+                )
+                time.sleep(0.5)
+            assert arms == {"A", "B"}, f"traffic reached arms {arms}"
+            time.sleep(3)
+            driver.find_element(By.XPATH, "//button[text()='Recompute results']").click()
+            wait_for(
+                driver,
+                "return document.getElementById('verdict') && document.getElementById('chart-cdf')"
+                " && document.getElementById('chart-cdf').data",
+                timeout_s=15,
+                what="the experiment results",
+            )
+            driver.save_screenshot(str(tmp_path / "experiment.png"))
+            assert not traffic.errors, traffic.errors[:3]
+            assert traffic.sent > 20
     finally:
         driver.quit()
 
-    for shot in (tmp_path / "overview.png", tmp_path / "policy.png"):
-        assert_non_trivial_png(shot)
+    for shot in ("overview", "policy", "workers", "experiment"):
+        assert_non_trivial_png(tmp_path / f"{shot}.png")
     keep = os.environ.get("KVROUTE_SCREENSHOT_DIR")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)
