@@ -309,6 +309,9 @@ class CompletionsConsumer(GatewayConsumer):
                 "stream": parsed.stream,
                 "candidates": decision["candidates"][:3],  # type: ignore[index]
                 "reason": plan.decision.reason,
+                # Lets telemetry's what-if replay the request's prefix sharing offline.
+                "block_keys": list(plan.features.block_keys),
+                "block_size": plan.features.block_size,
             }
         )
 
