@@ -757,7 +757,13 @@ class SimWorker:
                 else:
                     done = item
                     break
-                item = stream.items.get_nowait() if not stream.items.empty() else None
+                if stream.items.empty():
+                    break
+                item = stream.items.get_nowait()
+                if item is None:
+                    # The disconnect sentinel: leave it for the outer loop, which ends the stream.
+                    stream.items.put_nowait(None)
+                    break
             if done is not None:
                 if include_usage:
                     usage = {
