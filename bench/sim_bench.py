@@ -91,6 +91,7 @@ async def _drive(
     prompt_tokens: int,
     output_tokens: int,
     seed: int,
+    on_window_end: Any = None,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     # Half the requests share a long system prefix (per worker-agnostic "tenant"), the rest
@@ -127,6 +128,8 @@ async def _drive(
         i += 1
         next_t += rng.expovariate(rate)
     window_end = time.perf_counter()
+    if on_window_end is not None:
+        on_window_end()
     done, pending = await asyncio.wait(tasks, timeout=30)
     for t in pending:
         t.cancel()
@@ -208,6 +211,12 @@ def measure(
         urls = [proc.stdout.readline().strip() for _ in range(n)]
         json.loads(proc.stdout.readline())
         cpu0, rq0, wall0 = _cpu_seconds(proc.pid), _runqueue_wait_s(proc.pid), time.perf_counter()
+        at_end: list[float] = []
+
+        def window_end() -> None:
+            # CPU over the offered-load window only, not the drain of stragglers after it.
+            at_end.extend([_cpu_seconds(proc.pid), _runqueue_wait_s(proc.pid), time.perf_counter()])
+
         run = asyncio.run(
             _drive(
                 urls,
@@ -216,11 +225,12 @@ def measure(
                 prompt_tokens=prompt_tokens,
                 output_tokens=output_tokens,
                 seed=seed,
+                on_window_end=window_end,
             )
         )
-        elapsed = time.perf_counter() - wall0
-        cpu_frac = (_cpu_seconds(proc.pid) - cpu0) / elapsed
-        runq_frac = (_runqueue_wait_s(proc.pid) - rq0) / elapsed
+        elapsed = at_end[2] - wall0
+        cpu_frac = (at_end[0] - cpu0) / elapsed
+        runq_frac = (at_end[1] - rq0) / elapsed
         load1 = os.getloadavg()[0]
         stats = [_get_json(f"{u}/sim/stats")["timing"] for u in urls]
     finally:
@@ -254,7 +264,7 @@ def measure(
         step_p99_error=max(s["p99_rel_error"] for s in stats),
         late_step_frac=sum(s["late_steps"] for s in stats) / steps if steps else 0.0,
         fleet_cpu_frac=cpu_frac,
-        fleet_cpu_ms_per_request=cpu_frac * run["window_s"] * 1000 / max(1, len(ok)),
+        fleet_cpu_ms_per_request=cpu_frac * elapsed * 1000 / max(1, len(results)),
         fleet_runqueue_wait_frac=runq_frac,
         load_avg_1m=load1,
         holds=mean_err <= TOLERANCE and completed_frac >= 0.95,
@@ -325,6 +335,7 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", default=str(RESULTS), help="where to write the JSON results")
     ap.add_argument(
         "--nice",
         type=int,
@@ -389,8 +400,9 @@ def main() -> int:
             f"{p.step_mean_error:+.1%} / {p.step_p99_error:+.0%} | {p.fleet_cpu_frac:.2f} | {p.fleet_runqueue_wait_frac:.2f} | "
             f"{p.load_avg_1m:.1f} | {'yes' if p.holds else 'no'} |"
         )
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
         json.dumps(
             {
                 "command": "python bench/sim_bench.py " + " ".join(sys.argv[1:]),
@@ -415,7 +427,7 @@ def main() -> int:
         )
         + "\n"
     )
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+    print(f"wrote {out}")
     return 0
 
 
