@@ -34,7 +34,14 @@ from typing import Any
 
 import httpx
 
-from workers.vllm import CommandSpec, EngineProcess, InvalidLaunchSpec, LaunchSpec, Supervisor
+from workers.vllm import (
+    CommandSpec,
+    EngineProcess,
+    EngineStartError,
+    InvalidLaunchSpec,
+    LaunchSpec,
+    Supervisor,
+)
 
 log = logging.getLogger("kvroute.workers.agent")
 
@@ -356,7 +363,11 @@ async def run_agent(
                     await start
                 return 0
             stopped.cancel()
-            start.result()
+            try:
+                start.result()
+            except EngineStartError as exc:
+                log.error("engine of %s did not start: %s", config.name, exc)
+                return 1
         else:
             engine_up.set()
         if not await agent.register_until_done(stop=stop):

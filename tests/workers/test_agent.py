@@ -279,3 +279,38 @@ def test_agent_re_registers_when_the_control_plane_forgot_the_worker(
     Worker.objects.filter(name="sim-a").delete()
     worker = _wait(lambda: _worker("sim-a"), timeout_s=10, what="re-registration", log=run.log)
     assert isinstance(worker, Worker) and worker.base_url == url and worker.capacity_blocks == 96
+
+
+@pytest.mark.django_db(transaction=True)
+def test_agent_exits_non_zero_when_its_engine_cannot_start(
+    live_server: object, tmp_path: Path
+) -> None:
+    _, token = api_token_create(name="agent-test", scope="worker")
+    argv = [
+        sys.executable,
+        "-m",
+        "workers.agent",
+        "--control-plane",
+        str(live_server.url),  # type: ignore[attr-defined]
+        "--token",
+        token,
+        "--worker-url",
+        f"http://127.0.0.1:{_free_port()}",
+        "--name",
+        "sim-c",
+        "--engine-log",
+        str(tmp_path / "engine.log"),
+        "--supervise",
+        "--",
+        sys.executable,
+        "-c",
+        "raise SystemExit('no such model: /nope')",
+    ]
+    run = AgentRun(argv, tmp_path / "agent.log")
+    try:
+        assert run.proc.wait(30) == 1
+    finally:
+        run.stop()
+    log = run.log.read_text()
+    assert "did not start" in log and "no such model: /nope" in log
+    assert _worker("sim-c") is None
