@@ -532,3 +532,57 @@ class Supervisor:
             fh.seek(max(0, size - max_chars))
             tail = fh.read().decode("utf-8", "replace")
         return f"; log tail ({self.log_path}):\n{tail}"
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """`python -m workers.vllm SPEC_JSON [--dry-run]`: show or run one supervised engine."""
+    import argparse
+    import shlex
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.vllm",
+        description="Start one vLLM engine from a LaunchSpec (JSON), supervised until SIGTERM.",
+    )
+    parser.add_argument(
+        "spec", help='LaunchSpec as JSON, e.g. \'{"model": "/models/x", "device": "cpu"}\''
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the command and environment only"
+    )
+    parser.add_argument("--log", help="file for the engine's output")
+    args = parser.parse_args(argv)
+    try:
+        spec = LaunchSpec.from_mapping(json.loads(args.spec))
+    except (json.JSONDecodeError, InvalidLaunchSpec) as exc:
+        parser.error(str(exc))
+    if args.dry_run:
+        base: dict[str, str] = {}
+        for key, value in sorted(spec.env(base).items()):
+            print(f"{key}={shlex.quote(value)}")
+        print(shlex.join(spec.argv()))
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+    async def run() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        supervisor = Supervisor(spec, log_path=args.log)
+        start_s = time.monotonic()
+        try:
+            await supervisor.start()
+        except EngineStartError as exc:
+            print(f"engine did not start: {exc}", file=sys.stderr)
+            return 1
+        print(f"{spec.url} healthy after {time.monotonic() - start_s:.1f} s", flush=True)
+        await stop.wait()
+        await supervisor.stop()
+        return 0
+
+    return asyncio.run(run())
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

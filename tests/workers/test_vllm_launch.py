@@ -264,3 +264,34 @@ async def test_supervisor_kills_an_engine_ignoring_sigterm(tmp_path: Path) -> No
     await sup.start()
     code = await sup.stop()
     assert code == -9
+
+
+def test_cli_dry_run_prints_the_command_and_rejects_bad_specs() -> None:
+    import subprocess
+
+    spec = '{"model": "/models/tiny", "device": "cpu", "port": 8301, "events_port": 5601, "block_size": 32}'
+    done = subprocess.run(
+        [sys.executable, "-m", "workers.vllm", spec, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in lines and "HF_HUB_OFFLINE=1" in lines
+    assert lines[-1].startswith(
+        "python3 -m vllm.entrypoints.openai.api_server --model /models/tiny"
+    )
+    assert '\'{"enable_kv_cache_events":true' in lines[-1]
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "workers.vllm",
+            '{"model": "/m", "device": "cpu", "block_size": 48}',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "block_size" in bad.stderr
