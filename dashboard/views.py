@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -215,6 +216,8 @@ def _policy_context(request: HttpRequest, name: str) -> dict[str, Any]:
         "schema": schema,
         "history": list(psel.activation_history(model=policy.model, limit=10)),
         "whatif": whatif.status(),
+        "whatif_profiles": whatif.profiles(),
+        "whatif_default_profile": whatif.DEFAULT_PROFILE,
         "whatif_params": [k for k, p in schema["properties"].items() if p["type"] == "number"],
         "whatif_requests": settings.KVROUTE_WHATIF_REQUESTS,
         "nav": "policies",
@@ -304,31 +307,33 @@ def policy_rollback(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def policy_whatif(request: HttpRequest, name: str) -> JsonResponse:
     """Replay the last N recorded requests offline over a grid of one weight's values."""
+    from controlplane.registry.selectors import worker_list
+
     ctx = _policy_context(request, name)
     ok, why = ctx["whatif"]
     if not ok:
         return JsonResponse({"available": False, "detail": why}, status=503)
     param = request.POST.get("param", "")
     if param not in ctx["whatif_params"]:
-        return JsonResponse(
-            {"param": [f"Choose one of {', '.join(ctx['whatif_params'])}."]}, status=400
-        )
+        choices = ", ".join(ctx["whatif_params"]) or "none (this policy has no numeric weights)"
+        return JsonResponse({"param": [f"Choose one of {choices}."]}, status=400)
     try:
         values = [float(v) for v in request.POST.get("values", "").split(",") if v.strip()]
     except ValueError:
         return JsonResponse({"values": ["Enter numbers separated by commas."]}, status=400)
     prop = ctx["schema"]["properties"][param]
-    bad = [v for v in values if not prop.get("minimum", -1e18) <= v <= prop.get("maximum", 1e18)]
-    if not 2 <= len(values) <= 12 or bad:
+    lo, hi = prop.get("minimum", -math.inf), prop.get("maximum", math.inf)
+    if not 2 <= len(values) <= whatif.MAX_VALUES or any(not lo <= v <= hi for v in values):
         return JsonResponse(
-            {
-                "values": [
-                    f"Enter 2 to 12 values within [{prop.get('minimum')}, {prop.get('maximum')}]."
-                ]
-            },
+            {"values": [f"Enter 2 to {whatif.MAX_VALUES} values within [{lo}, {hi}]."]},
             status=400,
         )
-    records = tsel.recent_request_dicts(limit=ctx["whatif_requests"])
+    profile = request.POST.get("profile") or whatif.DEFAULT_PROFILE
+    if profile not in ctx["whatif_profiles"]:
+        return JsonResponse(
+            {"profile": [f"Choose one of {', '.join(ctx['whatif_profiles'])}."]}, status=400
+        )
+    records = tsel.recent_request_dicts(limit=ctx["whatif_requests"], model=ctx["policy"].model)
     if len(records) < 10:
         return JsonResponse(
             {
@@ -337,20 +342,35 @@ def policy_whatif(request: HttpRequest, name: str) -> JsonResponse:
             },
             status=409,
         )
+    engines = sum(1 for w in worker_list(model=ctx["policy"].model) if w.state != "disabled")
     latest = ctx["latest"]
-    rows = whatif.sweep(
-        records=records,
-        policy_type=latest.type,
-        base_params=dict(latest.params),
-        param=param,
-        values=values,
-    )
+    try:
+        rows = whatif.sweep(
+            records=records,
+            policy_type=latest.type,
+            base_params=dict(latest.params),
+            param=param,
+            values=values,
+            engines=engines,
+            profile=profile,
+        )
+    except whatif.WhatIfUnavailable as exc:
+        return JsonResponse({"available": False, "detail": str(exc)}, status=409)
     fig = figures.whatif_figure(
         rows,
         param=param,
-        metrics=[("ttft_p95_ms", "predicted TTFT p95 (ms)"), ("hit_rate", "predicted hit rate")],
+        metrics=[("ttft_p99_ms", "predicted TTFT p99 (ms)"), ("hit_rate", "predicted hit rate")],
     )
-    return JsonResponse({"available": True, "rows": rows, "figure": fig, "requests": len(records)})
+    return JsonResponse(
+        {
+            "available": True,
+            "rows": rows,
+            "figure": fig,
+            "requests": len(records),
+            "engines": max(1, engines),
+            "profile": profile,
+        }
+    )
 
 
 # --- experiments -------------------------------------------------------------------------

@@ -38,6 +38,10 @@ class RequestRecord(models.Model):
     candidates = models.JSONField(default=list, blank=True)
     shadow = models.JSONField(null=True, blank=True)
     reason = models.TextField(blank=True, default="")
+    # Chained prompt block keys (routing.core.blocks): lets the what-if panel replay the
+    # request's prefix sharing in the offline simulator. None when the gateway sent none.
+    block_keys = models.JSONField(null=True, blank=True)
+    block_size = models.IntegerField(default=16)
 
     class Meta:
         indexes = [

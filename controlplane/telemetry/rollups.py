@@ -93,6 +93,15 @@ def normalize_record(rec: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(candidates, list):
         raise MalformedRecord("candidates must be a list")
     shadow = rec.get("shadow")
+    block_keys = rec.get("block_keys")
+    if block_keys is not None and (
+        not isinstance(block_keys, list)
+        or not all(isinstance(k, int) and not isinstance(k, bool) for k in block_keys)
+    ):
+        raise MalformedRecord("block_keys must be a list of integers")
+    block_size = _int(rec, "block_size", 16)
+    if block_size < 1:
+        raise MalformedRecord("block_size must be a positive integer")
     return {
         "request_id": request_id[:100],
         "ts_s": ts_s,
@@ -119,6 +128,8 @@ def normalize_record(rec: Mapping[str, Any]) -> dict[str, Any]:
         "candidates": candidates,
         "shadow": shadow if isinstance(shadow, dict) else None,
         "reason": _str(rec, "reason"),
+        "block_keys": block_keys,
+        "block_size": block_size,
     }
 
 

@@ -189,6 +189,7 @@ def record_to_dict(r: RequestRecord) -> dict[str, Any]:
     return {
         "request_id": r.request_id,
         "ts": _iso(r.ts),
+        "ts_s": r.ts.timestamp(),
         "model": r.model,
         "tenant": r.tenant,
         "session_key": r.session_key,
@@ -212,6 +213,8 @@ def record_to_dict(r: RequestRecord) -> dict[str, Any]:
         "candidates": r.candidates,
         "shadow": r.shadow,
         "reason": r.reason,
+        "block_keys": r.block_keys,
+        "block_size": r.block_size,
     }
 
 
@@ -239,9 +242,9 @@ def request_get(*, request_id: str) -> RequestRecord | None:
     return RequestRecord.objects.filter(request_id=request_id).first()
 
 
-def recent_request_dicts(*, limit: int) -> list[dict[str, Any]]:
+def recent_request_dicts(*, limit: int, model: str | None = None) -> list[dict[str, Any]]:
     """The last `limit` recorded requests, oldest first (input to what-if replays)."""
-    return [record_to_dict(r) for r in reversed(recent_requests(limit=limit))]
+    return [record_to_dict(r) for r in reversed(recent_requests(limit=limit, model=model))]
 
 
 def experiment_result_get(*, experiment_id: int) -> dict[str, Any] | None:

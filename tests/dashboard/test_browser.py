@@ -324,6 +324,23 @@ def test_operator_watches_live_traffic_and_tunes_a_weight(
             )
             assert not PolicyVersion.objects.filter(number=3).exists()
 
+            # What-if: the recorded requests (with their block keys) replayed offline.
+            values = driver.find_element(By.NAME, "values")
+            values.clear()
+            values.send_keys("0, 2")
+            Select(driver.find_element(By.NAME, "profile")).select_by_value("dev")
+            driver.find_element(By.XPATH, "//button[text()='Run offline sweep']").click()
+            wait_for(
+                driver,
+                "return document.getElementById('whatif-chart').data"
+                " && document.getElementById('whatif-chart').data[0].y.length === 2",
+                timeout_s=60,
+                what="the what-if chart",
+            )
+            assert "replayed" in driver.find_element(By.ID, "whatif-status").text
+            driver.execute_script("document.getElementById('whatif').scrollIntoView()")
+            driver.save_screenshot(str(tmp_path / "whatif.png"))
+
             # A/B: v1 against v2, split per request; traffic flows into both arms.
             v1 = PolicyVersion.objects.get(policy__name="kv-default", number=1)
             driver.get(url + "/experiments/")

@@ -127,13 +127,76 @@ def test_whatif_panel_is_honest_when_the_simulator_is_missing(
     from dashboard import whatif
 
     _policy()
-    monkeypatch.setattr(whatif, "SWEEP_CANDIDATES", (("bench.does_not_exist", "sweep"),))
+    monkeypatch.setattr(whatif, "_bench", lambda: None)
     page = ops_client.get("/policies/kv-default/").content.decode()
     assert 'id="whatif-unavailable"' in page and "not available" in page
     resp = ops_client.post(
         "/policies/kv-default/whatif/", {"param": "cache_weight", "values": "0,1"}
     )
     assert resp.status_code == 503 and resp.json()["available"] is False
+
+
+def _recorded(n: int, *, with_keys: bool) -> None:
+    sink = MemorySink()
+    recs = []
+    for i in range(n):
+        tenant = i % 3
+        keys = [tenant * 1000 + j for j in range(40)] + [10**9 + i * 10 + j for j in range(4)]
+        recs.append(
+            make_record(
+                i,
+                ts_s=1_800_000_000.0 + i * 0.2,
+                prompt_tokens=len(keys) * 16 + 3,
+                output_tokens=8,
+                **({"block_keys": keys, "block_size": 16} if with_keys else {}),
+            )
+        )
+    sink.append_many(recs)
+    tsvc.request_stream_drain(source=MemorySinkSource(sink, name="m"))
+
+
+def test_whatif_replays_recorded_requests_in_the_offline_simulator(ops_client: Client) -> None:
+    _policy()
+    _worker()
+    page = ops_client.get("/policies/kv-default/").content.decode()
+    assert 'id="whatif-form"' in page and '<option value="h100-8b" selected>' in page
+    resp = ops_client.post(
+        "/policies/kv-default/whatif/", {"param": "cache_weight", "values": "0,1"}
+    )
+    assert resp.status_code == 409 and "need at least 10" in resp.json()["detail"]
+
+    _recorded(30, with_keys=True)
+    bad = ops_client.post(
+        "/policies/kv-default/whatif/", {"param": "cache_weight", "values": "0,500"}
+    )
+    assert bad.status_code == 400 and "values" in bad.json()
+    assert (
+        ops_client.post(
+            "/policies/kv-default/whatif/", {"param": "nope", "values": "0,1"}
+        ).status_code
+        == 400
+    )
+    resp = ops_client.post(
+        "/policies/kv-default/whatif/",
+        {"param": "cache_weight", "values": "0, 2", "profile": "dev"},
+    )
+    assert resp.status_code == 200, resp.content
+    body = resp.json()
+    assert body["requests"] == 30 and body["engines"] == 1 and body["profile"] == "dev"
+    assert [r["cache_weight"] for r in body["rows"]] == [0.0, 2.0]
+    assert all(r["ttft_p99_ms"] > 0 and 0 <= r["hit_rate"] <= 1 for r in body["rows"])
+    # Three tenants share 40-block prefixes: the replay sees that reuse.
+    assert body["rows"][1]["hit_rate"] > 0.5
+    assert body["figure"]["data"][0]["x"] == [0.0, 2.0]
+
+
+def test_whatif_says_so_when_records_have_no_block_keys(ops_client: Client) -> None:
+    _policy()
+    _recorded(12, with_keys=False)
+    resp = ops_client.post(
+        "/policies/kv-default/whatif/", {"param": "cache_weight", "values": "0,1"}
+    )
+    assert resp.status_code == 409 and "no block keys" in resp.json()["detail"]
 
 
 def test_experiment_lifecycle_results_and_promote(ops_client: Client) -> None:

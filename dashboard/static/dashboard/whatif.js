@@ -15,7 +15,8 @@
           status.textContent = b.detail || Object.keys(b).map(function (k) { return k + ": " + b[k]; }).join("; ");
           return;
         }
-        status.textContent = "replayed " + res.body.requests + " requests";
+        status.textContent = "replayed " + res.body.requests + " requests on " + res.body.engines +
+          " simulated " + res.body.profile + " engines";
         window.kvrouteCharts.draw(document.getElementById("whatif-chart"), res.body.figure);
       })
       .catch(function (err) { status.textContent = "failed: " + err; });
