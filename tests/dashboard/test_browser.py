@@ -270,6 +270,28 @@ def test_operator_watches_live_traffic_and_tunes_a_weight(
                 timeout_s=20,
                 what="per-worker fleet traces",
             )
+            # Hidden tab: the page closes its socket and stops drawing; shown again, it
+            # reloads the snapshot and reconnects.
+            driver.execute_script(
+                "Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});"
+                "document.dispatchEvent(new Event('visibilitychange'));"
+            )
+            assert driver.execute_script("return window.kvrouteDashboard.status") == "paused"
+            assert driver.execute_script("return window.kvrouteDashboard.socket") is None
+            paused_draws = driver.execute_script("return window.kvrouteDashboard.draws")
+            time.sleep(1.5)
+            assert driver.execute_script("return window.kvrouteDashboard.draws") == paused_draws
+            driver.execute_script(
+                "Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});"
+                "document.dispatchEvent(new Event('visibilitychange'));"
+            )
+            wait_for(
+                driver,
+                "return window.kvrouteDashboard.status === 'live'"
+                f" && window.kvrouteDashboard.draws > {paused_draws}",
+                timeout_s=15,
+                what="the page to resume after the tab is shown",
+            )
             time.sleep(2.5)  # a few more points, so the screenshot shows lines, not dots
             assert driver.save_screenshot(str(tmp_path / "overview.png"))
             assert not traffic.errors, traffic.errors[:3]
