@@ -52,6 +52,12 @@ SYSTEMS = [
 ]
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -98,7 +104,15 @@ def role_gateway(args: argparse.Namespace) -> None:
             lifespan="on",
         )
     )
-    server.run(sockets=[sock])
+    profile_to = os.environ.get("KVROUTE_BENCH_PROFILE")
+    if profile_to:
+        import cProfile
+
+        cProfile.runctx(
+            "server.run(sockets=[sock])", globals(), {"server": server, "sock": sock}, profile_to
+        )
+    else:
+        server.run(sockets=[sock])
 
 
 # -- load generator ----------------------------------------------------------------------------
@@ -240,7 +254,12 @@ async def closed_loop(
     elapsed = time.perf_counter() - start
     for p in pools:
         p.close()
-    return {"concurrency": concurrency, "rps": done / elapsed, "failed": failed}
+    return {
+        "concurrency": concurrency,
+        "rps": done / elapsed,
+        "failed": failed,
+        "elapsed_s": elapsed,
+    }
 
 
 # -- in-process routing overhead -----------------------------------------------------------------
@@ -463,9 +482,14 @@ def main() -> None:
                     out["open_loop"].append({"path": name, **res})
             for name, targets in (("direct", direct), ("gateway", via_gw)):
                 print(f"closed loop {name} ...", flush=True)
-                out["closed_loop"][name] = await closed_loop(
-                    targets, concurrency=32, duration_s=phase_s / 2
-                )
+                cpu0 = {"fleet": cpu_s(fleet.pid), "gateway": cpu_s(gateway.pid)}
+                res = await closed_loop(targets, concurrency=32, duration_s=phase_s / 2)
+                done = res["rps"] * res["elapsed_s"]
+                res["cpu_ms_per_request"] = {
+                    proc: (cpu_s(p.pid) - cpu0[proc]) * 1000 / max(1.0, done)
+                    for proc, p in (("fleet", fleet), ("gateway", gateway))
+                }
+                out["closed_loop"][name] = res
             return out
 
         results = asyncio.run(run_all())
@@ -517,6 +541,11 @@ def main() -> None:
     cl = results["closed_loop"]
     print(
         f"\nmax sustained (closed loop, 32 clients): direct {cl['direct']['rps']:.0f} req/s, gateway {cl['gateway']['rps']:.0f} req/s"
+    )
+    cpu = {name: cl[name]["cpu_ms_per_request"] for name in ("direct", "gateway")}
+    print(
+        f"CPU per request (closed loop): gateway process {cpu['gateway']['gateway']:.2f} ms; "
+        f"worker process {cpu['direct']['fleet']:.2f} ms direct, {cpu['gateway']['fleet']:.2f} ms via gateway"
     )
     print(
         f"routing overhead, 8192-token token-id prompt, 8 workers, {overhead['index_entries']} index entries: "

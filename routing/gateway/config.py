@@ -24,6 +24,7 @@ variables (all optional):
 | KVROUTE_TOKENIZERS                     | ""      | "model=builtin,m2=hf:/dir,m3=remote,m4=text"         |
 | KVROUTE_TOKENIZER_DEFAULT              | "text"  | adapter for models not listed (builtin/remote/text)  |
 | KVROUTE_GATEWAY_RECORDS_MAXLEN         | 100000  | cap of the Redis stream / memory ring of records     |
+| KVROUTE_GATEWAY_UPSTREAM_TRANSPORT     | "lean"  | "lean" (plain-http keep-alive, fast) or "httpx"      |
 | REDIS_URL                              | ""      | request records to Redis, config change pub/sub      |
 
 A worker may also carry `labels.tokenizer` in the snapshot (e.g. "builtin"); the env
@@ -51,12 +52,12 @@ def _parse_pairs(raw: str, *, sep: str) -> list[tuple[str, str]]:
 
 
 def parse_gateway_keys(raw: str) -> dict[str, str]:
-    """"tenantA:key1,tenantB:key2" -> {key: tenant}."""
+    """ "tenantA:key1,tenantB:key2" -> {key: tenant}."""
     return {key: tenant for tenant, key in _parse_pairs(raw, sep=":")}
 
 
 def parse_tokenizers(raw: str) -> dict[str, str]:
-    """"m1=builtin,m2=hf:/path" -> {model: adapter spec}."""
+    """ "m1=builtin,m2=hf:/path" -> {model: adapter spec}."""
     return dict(_parse_pairs(raw, sep="="))
 
 
@@ -83,6 +84,7 @@ class GatewayConfig:
     redis_url: str = ""
     records_maxlen: int = 100_000
     records_flush_s: float = 0.2
+    upstream_transport: str = "lean"
     # Subscribe to the channel layer's `kvroute.config` group (needs Django settings).
     listen_channel_layer: bool = False
 
@@ -119,6 +121,7 @@ class GatewayConfig:
             tokenizer_default=e.get("KVROUTE_TOKENIZER_DEFAULT", "") or "text",
             redis_url=e.get("REDIS_URL", ""),
             records_maxlen=i("KVROUTE_GATEWAY_RECORDS_MAXLEN", 100_000),
+            upstream_transport=e.get("KVROUTE_GATEWAY_UPSTREAM_TRANSPORT", "") or "lean",
         )
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]

@@ -17,6 +17,7 @@ Order of checks: gateway API key (401) -> body size (413) -> JSON/schema (400) -
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -113,10 +114,8 @@ class GatewayConsumer(AsyncHttpConsumer):
         self.scope = scope
         self.channel_layer = None
         self.base_send = send
-        try:
+        with contextlib.suppress(StopConsumer):
             await await_many_dispatch([receive], self.dispatch)
-        except StopConsumer:
-            pass
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, message["type"].replace(".", "_"), None)
@@ -146,21 +145,26 @@ class GatewayConsumer(AsyncHttpConsumer):
         task = self._task
         if task is not None and not task.done():
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
         raise StopConsumer()
 
     def request_headers(self) -> dict[str, str]:
-        return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self.scope.get("headers", [])}
+        return {
+            k.decode("latin-1").lower(): v.decode("latin-1")
+            for k, v in self.scope.get("headers", [])
+        }
 
-    async def send_json(self, status: int, doc: Any, *, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    async def send_json(
+        self, status: int, doc: Any, *, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         await self.send_headers(status=status, headers=[(b"content-type", JSON), *(headers or [])])
         await self.send_body(json.dumps(doc, separators=(",", ":")).encode())
 
     async def send_error(self, exc: GatewayError) -> None:
-        headers = [(b"content-type", JSON)] + [(k.encode(), v.encode()) for k, v in exc.headers.items()]
+        headers = [(b"content-type", JSON)] + [
+            (k.encode(), v.encode()) for k, v in exc.headers.items()
+        ]
         await self.send_headers(status=exc.status, headers=headers)
         await self.send_body(exc.body())
 
@@ -184,7 +188,9 @@ class GatewayConsumer(AsyncHttpConsumer):
             log.exception("gateway request failed")
             if not self._started_response:
                 await self.send_headers(status=500, headers=[(b"content-type", JSON)])
-                await self.send_body(error_body("internal gateway error", type="internal_error", code=500))
+                await self.send_body(
+                    error_body("internal gateway error", type="internal_error", code=500)
+                )
 
     async def serve(self, body: bytes) -> None:
         raise NotImplementedError
@@ -224,7 +230,12 @@ class CompletionsConsumer(GatewayConsumer):
                 encoded = Encoded(parsed.prompt_ids, None, len(parsed.prompt_ids))
             else:
                 url = next((w.url for w in workers if w.healthy), workers[0].url if workers else "")
-                encoded = await state.encode(model=parsed.model, messages=parsed.messages, text=parsed.prompt_text, worker_url=url)
+                encoded = await state.encode(
+                    model=parsed.model,
+                    messages=parsed.messages,
+                    text=parsed.prompt_text,
+                    worker_url=url,
+                )
             plan = state.plan(
                 model=parsed.model,
                 workers=workers,
@@ -251,7 +262,18 @@ class CompletionsConsumer(GatewayConsumer):
             outcome.status, outcome.http_status = "error", exc.status
             raise
         finally:
-            self._record(state, plan, parsed, outcome, request_id=request_id, ts_s=ts_s, arrived_s=arrived_s, overhead_us=overhead_us, tenant=tenant, session_key=session_key)
+            self._record(
+                state,
+                plan,
+                parsed,
+                outcome,
+                request_id=request_id,
+                ts_s=ts_s,
+                arrived_s=arrived_s,
+                overhead_us=overhead_us,
+                tenant=tenant,
+                session_key=session_key,
+            )
 
     async def _send_headers_pos(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         await self.send_headers(status=status, headers=headers)
@@ -259,7 +281,20 @@ class CompletionsConsumer(GatewayConsumer):
     async def _send_body_pos(self, body: bytes, more_body: bool) -> None:
         await self.send_body(body, more_body=more_body)
 
-    def _record(self, state: GatewayState, plan: Any, parsed: Any, outcome: Outcome, *, request_id: str, ts_s: float, arrived_s: float, overhead_us: float, tenant: str | None, session_key: str | None) -> None:
+    def _record(
+        self,
+        state: GatewayState,
+        plan: Any,
+        parsed: Any,
+        outcome: Outcome,
+        *,
+        request_id: str,
+        ts_s: float,
+        arrived_s: float,
+        overhead_us: float,
+        tenant: str | None,
+        session_key: str | None,
+    ) -> None:
         e2e_ms = (time.monotonic() - arrived_s) * 1000.0
         worker = outcome.worker_id or "none"
         policy_label = plan.policy_ref.label if plan is not None else "none"
@@ -277,7 +312,9 @@ class CompletionsConsumer(GatewayConsumer):
             state.metrics.predicted_cached.labels(worker).inc(outcome.predicted_cached_tokens)
             if actual is not None:
                 state.metrics.actual_cached.labels(worker).inc(actual)
-                state.metrics.prediction_error.labels(worker).observe(abs(actual - outcome.predicted_cached_tokens))
+                state.metrics.prediction_error.labels(worker).observe(
+                    abs(actual - outcome.predicted_cached_tokens)
+                )
         if plan is None:
             return
         ref = plan.policy_ref
@@ -342,7 +379,9 @@ class MetricsConsumer(GatewayConsumer):
     async def serve(self, body: bytes) -> None:
         state = await self.handle.get()
         text = generate_latest(state.metrics.registry)
-        await self.send_headers(status=200, headers=[(b"content-type", CONTENT_TYPE_LATEST.encode())])
+        await self.send_headers(
+            status=200, headers=[(b"content-type", CONTENT_TYPE_LATEST.encode())]
+        )
         await self.send_body(text)
 
 

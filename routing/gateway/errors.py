@@ -40,7 +40,9 @@ def error_body(
     ).encode()
 
 
-def bad_request(message: str, *, param: str | None = None, code: str = "invalid_value") -> GatewayError:
+def bad_request(
+    message: str, *, param: str | None = None, code: str = "invalid_value"
+) -> GatewayError:
     return GatewayError(400, message, param=param, code=code)
 
 

@@ -177,7 +177,11 @@ class KvEventSubscriber:
             st.gaps += 1
             self._outcome("gap")
             # Replay up to and including this batch, then carry on from there.
-            if await self._replay(expected, now_s=now_s) and st.last_seq is not None and st.last_seq >= batch.seq:
+            if (
+                await self._replay(expected, now_s=now_s)
+                and st.last_seq is not None
+                and st.last_seq >= batch.seq
+            ):
                 self._outcome("replayed")
                 return
             if st.last_seq is None or st.last_seq < batch.seq - 1:

@@ -39,15 +39,60 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter(REQUESTS, "Requests answered, by worker, policy and status.", ["worker", "policy", "status"], registry=r)
-        self.ttft = Histogram(TTFT, "Time to first byte of a streamed answer, seen by the client.", ["worker"], buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.e2e = Histogram(E2E, "End-to-end request latency at the gateway.", ["worker"], buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.routing_overhead = Histogram(ROUTING_OVERHEAD, "Gateway time from body received to upstream send (tokenize, match, decide).", buckets=_OVERHEAD_BUCKETS_S, registry=r)
-        self.predicted_cached = Counter(PREDICTED_CACHED, "Cached prompt tokens the router predicted.", ["worker"], registry=r)
-        self.actual_cached = Counter(ACTUAL_CACHED, "Cached prompt tokens the worker reported (usage).", ["worker"], registry=r)
-        self.prediction_error = Histogram(PREDICTION_ERROR, "|actual - predicted| cached tokens per request.", ["worker"], buckets=_TOKEN_ERROR_BUCKETS, registry=r)
-        self.retries = Counter(RETRIES, "Attempts that failed before the first byte and were retried elsewhere.", ["worker", "reason"], registry=r)
-        self.kv_events = Counter(KV_EVENTS, "KV event batches received, by worker and outcome.", ["worker", "outcome"], registry=r)
+        self.requests = Counter(
+            REQUESTS,
+            "Requests answered, by worker, policy and status.",
+            ["worker", "policy", "status"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            TTFT,
+            "Time to first byte of a streamed answer, seen by the client.",
+            ["worker"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            E2E,
+            "End-to-end request latency at the gateway.",
+            ["worker"],
+            buckets=_LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.routing_overhead = Histogram(
+            ROUTING_OVERHEAD,
+            "Gateway time from body received to upstream send (tokenize, match, decide).",
+            buckets=_OVERHEAD_BUCKETS_S,
+            registry=r,
+        )
+        self.predicted_cached = Counter(
+            PREDICTED_CACHED, "Cached prompt tokens the router predicted.", ["worker"], registry=r
+        )
+        self.actual_cached = Counter(
+            ACTUAL_CACHED,
+            "Cached prompt tokens the worker reported (usage).",
+            ["worker"],
+            registry=r,
+        )
+        self.prediction_error = Histogram(
+            PREDICTION_ERROR,
+            "|actual - predicted| cached tokens per request.",
+            ["worker"],
+            buckets=_TOKEN_ERROR_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            RETRIES,
+            "Attempts that failed before the first byte and were retried elsewhere.",
+            ["worker", "reason"],
+            registry=r,
+        )
+        self.kv_events = Counter(
+            KV_EVENTS,
+            "KV event batches received, by worker and outcome.",
+            ["worker", "outcome"],
+            registry=r,
+        )
 
     def add_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
         self.registry.register(_FnCollector(collect))

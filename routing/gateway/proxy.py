@@ -101,17 +101,25 @@ class Outcome:
     predicted_cached_tokens: int = 0
 
 
-def decision_headers(state: GatewayState, plan: RoutePlan, worker_id: str, *, explain: bool) -> list[tuple[bytes, bytes]]:
+def decision_headers(
+    state: GatewayState, plan: RoutePlan, worker_id: str, *, explain: bool
+) -> list[tuple[bytes, bytes]]:
     headers = [
         (b"x-kvroute-worker", worker_id.encode()),
         (b"x-kvroute-policy", plan.policy_ref.label.encode()),
-        (b"x-kvroute-predicted-cached-tokens", str(plan.cached_tokens_by_worker.get(worker_id, 0)).encode()),
+        (
+            b"x-kvroute-predicted-cached-tokens",
+            str(plan.cached_tokens_by_worker.get(worker_id, 0)).encode(),
+        ),
     ]
     if plan.arm is not None:
         headers.append((b"x-kvroute-arm", plan.arm.encode()))
     if explain:
         headers.append(
-            (b"x-kvroute-decision", json.dumps(plan.decision.to_dict(), separators=(",", ":")).encode())
+            (
+                b"x-kvroute-decision",
+                json.dumps(plan.decision.to_dict(), separators=(",", ":")).encode(),
+            )
         )
     return headers
 
@@ -134,7 +142,10 @@ async def proxy_request(
     clock = state.clock
     payload = parsed.payload
     if parsed.stream:
-        payload = {**payload, "stream_options": {**(payload.get("stream_options") or {}), "include_usage": True}}
+        payload = {
+            **payload,
+            "stream_options": {**(payload.get("stream_options") or {}), "include_usage": True},
+        }
     content = json.dumps(payload, separators=(",", ":")).encode()
     path = UPSTREAM_PATHS[parsed.kind]
     headers = {"content-type": "application/json", "x-request-id": request_id}
@@ -155,7 +166,9 @@ async def proxy_request(
         spec = plan.workers[worker_id]
         predicted = plan.cached_tokens_by_worker.get(worker_id, 0)
         keys = plan.keys_by_worker.get(worker_id, ())
-        state.load.dispatch(request_id, worker_id, uncached_tokens=max(0, prompt_tokens - predicted), now_s=now_s)
+        state.load.dispatch(
+            request_id, worker_id, uncached_tokens=max(0, prompt_tokens - predicted), now_s=now_s
+        )
         # Speculative: keeps a burst of one prefix together before the engine's events arrive.
         state.index.record_routed(worker_id, keys, now_s=now_s)
         sub = state.subscribers.get(worker_id)
@@ -167,7 +180,9 @@ async def proxy_request(
         committed = False
         try:
             try:
-                request = state.client.build_request("POST", spec.url + path, content=content, headers=headers)
+                request = state.client.build_request(
+                    "POST", spec.url + path, content=content, headers=headers
+                )
                 resp = await state.client.send(request, stream=True)
                 if resp.status_code >= 500:
                     raise _Retryable(f"HTTP {resp.status_code}", "http_5xx")
@@ -179,7 +194,13 @@ async def proxy_request(
                     outcome.status, outcome.http_status = "error", resp.status_code
                     await send_headers(
                         resp.status_code,
-                        [(b"content-type", resp.headers.get("content-type", "application/json").encode()), *decision_headers(state, plan, worker_id, explain=explain)],
+                        [
+                            (
+                                b"content-type",
+                                resp.headers.get("content-type", "application/json").encode(),
+                            ),
+                            *decision_headers(state, plan, worker_id, explain=explain),
+                        ],
                     )
                     await send_body(body, False)
                     state.load.fail(request_id, now_s=clock())
@@ -232,7 +253,10 @@ async def proxy_request(
                 await send_headers(
                     200,
                     [
-                        (b"content-type", resp.headers.get("content-type", "application/json").encode()),
+                        (
+                            b"content-type",
+                            resp.headers.get("content-type", "application/json").encode(),
+                        ),
                         *out_headers,
                     ],
                 )
@@ -243,7 +267,19 @@ async def proxy_request(
             finally:
                 await resp.aclose()
             return
-        await _stream(state, resp, chunks, first, parsed=parsed, request_id=request_id, arrived_s=arrived_s, headers=out_headers, send_headers=send_headers, send_body=send_body, outcome=outcome)
+        await _stream(
+            state,
+            resp,
+            chunks,
+            first,
+            parsed=parsed,
+            request_id=request_id,
+            arrived_s=arrived_s,
+            headers=out_headers,
+            send_headers=send_headers,
+            send_body=send_body,
+            outcome=outcome,
+        )
         return
 
     now_s = clock()
@@ -281,7 +317,11 @@ async def _stream(
     try:
         await send_headers(
             200,
-            [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"), *headers],
+            [
+                (b"content-type", b"text/event-stream; charset=utf-8"),
+                (b"cache-control", b"no-cache"),
+                *headers,
+            ],
         )
         state.load.first_token(request_id, now_s=clock())
         outcome.status, outcome.http_status = "ok", 200
@@ -297,7 +337,10 @@ async def _stream(
         except httpx.HTTPError as exc:
             state.breakers.on_failure(outcome.worker_id or "", now_s=clock())
             outcome.status = "error"
-            await send_body(sse.tail() + sse_error_event(f"upstream stream broke: {type(exc).__name__}: {exc}"), False)
+            await send_body(
+                sse.tail() + sse_error_event(f"upstream stream broke: {type(exc).__name__}: {exc}"),
+                False,
+            )
             state.load.fail(request_id, now_s=clock())
             finished = True
             return

@@ -25,6 +25,7 @@ Sinks and their read API (for telemetry):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -127,7 +128,9 @@ class RedisStreamSink:
 class RecordWriter:
     """Buffers records and flushes them from a background task; never blocks a request."""
 
-    def __init__(self, sink: MemorySink | RedisStreamSink, *, flush_s: float = 0.2, max_buffer: int = 10_000) -> None:
+    def __init__(
+        self, sink: MemorySink | RedisStreamSink, *, flush_s: float = 0.2, max_buffer: int = 10_000
+    ) -> None:
         self.sink = sink
         self.flush_s = flush_s
         self._buffer: deque[dict[str, Any]] = deque(maxlen=max_buffer)
@@ -156,10 +159,8 @@ class RecordWriter:
     async def run(self) -> None:
         try:
             while True:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=self.flush_s)
-                except TimeoutError:
-                    pass
                 self._wake.clear()
                 await self.flush()
         finally:

@@ -65,7 +65,9 @@ def lifespan_app(handle: GatewayHandle) -> Any:
 
 def gateway_app(handle: GatewayHandle) -> Any:
     """The gateway alone as an ASGI app (http + lifespan)."""
-    router = URLRouter([*gateway_urlpatterns(handle), re_path(r"", NotFoundConsumer.as_asgi(handle=handle))])
+    router = URLRouter(
+        [*gateway_urlpatterns(handle), re_path(r"", NotFoundConsumer.as_asgi(handle=handle))]
+    )
     lifespan = lifespan_app(handle)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

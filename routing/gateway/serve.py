@@ -48,7 +48,15 @@ def _config(app: Any, *, log_level: str, lifespan: str) -> uvicorn.Config:
 class ServerThread:
     """uvicorn serving `app` on a loopback socket from a daemon thread."""
 
-    def __init__(self, app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning", lifespan: str = "on") -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        lifespan: str = "on",
+    ) -> None:
         # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
         # proto says TCP, and without it Nagle + delayed ACK add ~40 ms per keep-alive reply.
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -102,11 +110,21 @@ def serve_in_thread(
     """Start uvicorn for `app` (default: `controlplane.asgi.application`) in a daemon thread
     and return once it accepts connections. `port=0` picks a free port (see `.url`).
     Stop it with `.stop()` or use it as a context manager."""
-    return ServerThread(app if app is not None else _default_app(), host=host, port=port, log_level=log_level, lifespan=lifespan).start()
+    return ServerThread(
+        app if app is not None else _default_app(),
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan=lifespan,
+    ).start()
 
 
-def serve_forever(app: Any = None, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+def serve_forever(
+    app: Any = None, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
+) -> None:
     """Serve `app` (default: the whole product) in the calling thread until interrupted."""
-    server = uvicorn.Server(_config(app if app is not None else _default_app(), log_level=log_level, lifespan="on"))
+    server = uvicorn.Server(
+        _config(app if app is not None else _default_app(), log_level=log_level, lifespan="on")
+    )
     server.config.host, server.config.port = host, port
     server.run()

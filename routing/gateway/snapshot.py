@@ -14,6 +14,7 @@ ever reads the last `Snapshot` in memory.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -43,7 +44,11 @@ class PolicyRef:
 
     @property
     def cache_key(self) -> tuple[Any, ...]:
-        return (self.version_id, self.type, tuple(sorted((k, repr(v)) for k, v in self.params.items())))
+        return (
+            self.version_id,
+            self.type,
+            tuple(sorted((k, repr(v)) for k, v in self.params.items())),
+        )
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> PolicyRef:
@@ -145,7 +150,11 @@ def parse_snapshot(doc: Mapping[str, Any], *, now_s: float | None = None) -> Sna
         experiment = None
         if exp_doc and exp_doc.get("arms"):
             arms = tuple(
-                Arm(name=str(a.get("name")), share=float(a.get("share", 0)), ref=PolicyRef.from_doc(a))
+                Arm(
+                    name=str(a.get("name")),
+                    share=float(a.get("share", 0)),
+                    ref=PolicyRef.from_doc(a),
+                )
                 for a in exp_doc["arms"]
             )
             shadow = PolicyRef.from_doc(exp_doc["shadow"]) if exp_doc.get("shadow") else None
@@ -186,15 +195,27 @@ class StaticSnapshotSource:
 
 
 class HttpSnapshotSource:
-    def __init__(self, *, url: str, client: httpx.AsyncClient, token: str = "") -> None:
+    """`GET {url}/api/routing-snapshot/` with its own client (the control plane may be https)."""
+
+    def __init__(
+        self, *, url: str, token: str = "", client: httpx.AsyncClient | None = None
+    ) -> None:
         self.url = f"{url.rstrip('/')}/api/routing-snapshot/"
         self._client = client
+        self._own_client = client is None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     async def __call__(self) -> Mapping[str, Any]:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=5.0)
         resp = await self._client.get(self.url, headers=self._headers, timeout=5.0)
         resp.raise_for_status()
         return resp.json()
+
+    async def aclose(self) -> None:
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
 
 class InProcessSnapshotSource:
@@ -250,10 +271,8 @@ class SnapshotRefresher:
 
     async def run_poller(self) -> None:
         while True:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
-            except TimeoutError:
-                pass
             self._wake.clear()
             await self.refresh()
 

@@ -53,7 +53,14 @@ from routing.gateway.snapshot import (
     StaticSnapshotSource,
     WorkerSpec,
 )
-from routing.gateway.tokenization import CHARS_PER_TOKEN_ESTIMATE, Encoded, TextAdapter, TokenizerAdapter, build_adapter
+from routing.gateway.tokenization import (
+    CHARS_PER_TOKEN_ESTIMATE,
+    Encoded,
+    TextAdapter,
+    TokenizerAdapter,
+    build_adapter,
+)
+from routing.gateway.transport import LeanTransport
 
 log = logging.getLogger(__name__)
 
@@ -104,11 +111,17 @@ class GatewayState:
                 write=30.0,
                 pool=10.0,
             ),
-            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=1024, keepalive_expiry=30.0),
+            limits=httpx.Limits(
+                max_connections=4096, max_keepalive_connections=1024, keepalive_expiry=30.0
+            ),
         )
-        self.index = PrefixIndex(max_entries=config.index_max_entries, approx_ttl_s=config.approx_ttl_s)
+        self.index = PrefixIndex(
+            max_entries=config.index_max_entries, approx_ttl_s=config.approx_ttl_s
+        )
         self.load = LoadTracker()
-        self.breakers = CircuitBreakers(failures_to_open=config.breaker_failures, cooldown_s=config.breaker_cooldown_s)
+        self.breakers = CircuitBreakers(
+            failures_to_open=config.breaker_failures, cooldown_s=config.breaker_cooldown_s
+        )
         self.metrics = m.GatewayMetrics()
         self.rng = random.Random(seed)
         self.snapshot: Snapshot = EMPTY_SNAPSHOT
@@ -169,6 +182,9 @@ class GatewayState:
         self._sub_tasks.clear()
         await self.client.aclose()
         await self.records.sink.aclose()
+        source_close = getattr(self.refresher._source, "aclose", None)
+        if source_close is not None:
+            await source_close()
         if self._zmq is not None:
             self._zmq.term()
             self._zmq = None
@@ -190,7 +206,12 @@ class GatewayState:
         self._reconcile_subscribers(new)
         # Adapters depend on worker labels; rebuild lazily.
         self._adapters.clear()
-        log.info("routing snapshot %s: %d workers, %d models", snapshot.revision[:10], len(new), len(snapshot.models))
+        log.info(
+            "routing snapshot %s: %d workers, %d models",
+            snapshot.revision[:10],
+            len(new),
+            len(snapshot.models),
+        )
 
     def _reconcile_subscribers(self, workers: Mapping[str, WorkerSpec]) -> None:
         try:
@@ -201,7 +222,11 @@ class GatewayState:
         for wid in list(self.subscribers):
             sub = self.subscribers[wid]
             spec = wanted.get(wid)
-            if spec is None or spec.kv_events_endpoint != sub.endpoint or spec.replay_endpoint != sub.replay_endpoint:
+            if (
+                spec is None
+                or spec.kv_events_endpoint != sub.endpoint
+                or spec.replay_endpoint != sub.replay_endpoint
+            ):
                 task = self._sub_tasks.pop(wid, None)
                 if task is not None:
                     task.cancel()
@@ -224,7 +249,9 @@ class GatewayState:
                 clock=self.clock,
             )
             self.subscribers[wid] = sub
-            self._sub_tasks[wid] = asyncio.get_running_loop().create_task(sub.run(), name=f"kvroute-events-{wid}")
+            self._sub_tasks[wid] = asyncio.get_running_loop().create_task(
+                sub.run(), name=f"kvroute-events-{wid}"
+            )
 
     def _scrape_targets(self) -> Iterable[tuple[str, str, str]]:
         return [(w.id, w.url, w.model) for w in self.snapshot.workers]
@@ -249,7 +276,9 @@ class GatewayState:
                     if isinstance(label, str) and label:
                         spec = label
                         break
-            adapter = build_adapter(spec or self.config.tokenizer_default, model=model, client=self.client)
+            adapter = build_adapter(
+                spec or self.config.tokenizer_default, model=model, client=self.client
+            )
             self._adapters[model] = adapter
         return adapter
 
@@ -273,7 +302,14 @@ class GatewayState:
             )
         return workers or ()
 
-    async def encode(self, *, model: str, messages: list[dict[str, Any]] | None, text: str | None, worker_url: str) -> Encoded:
+    async def encode(
+        self,
+        *,
+        model: str,
+        messages: list[dict[str, Any]] | None,
+        text: str | None,
+        worker_url: str,
+    ) -> Encoded:
         adapter = self.adapter_for(model)
         if messages is not None:
             return await adapter.encode_chat(messages, worker_url=worker_url)
@@ -309,7 +345,9 @@ class GatewayState:
             )
         return self.load.annotate(out, now_s=now_s)
 
-    def choose_ref(self, model: str, *, session_key: str | None, tenant: str | None, request_id: str) -> tuple[PolicyRef, Arm | None, int | None, PolicyRef | None]:
+    def choose_ref(
+        self, model: str, *, session_key: str | None, tenant: str | None, request_id: str
+    ) -> tuple[PolicyRef, Arm | None, int | None, PolicyRef | None]:
         routing = self.snapshot.models.get(model)
         if routing is None:
             return DEFAULT_POLICY, None, None, None
@@ -380,17 +418,25 @@ class GatewayState:
             model, session_key=session_key, tenant=tenant, request_id=request_id
         )
         try:
-            decision = self.policy_for(ref).decide(features, views, cached, now_s=now_s, rng=self.rng)
+            decision = self.policy_for(ref).decide(
+                features, views, cached, now_s=now_s, rng=self.rng
+            )
         except NoRoutableWorker as exc:
             ids = [w.id for w in workers]
-            raise no_worker(str(exc), retry_after_s=self.breakers.retry_after_s(ids, now_s=now_s)) from None
+            raise no_worker(
+                str(exc), retry_after_s=self.breakers.retry_after_s(ids, now_s=now_s)
+            ) from None
         notes = self._event_notes(workers, now_s=now_s)
         if notes:
-            decision = replace(decision, reason=f"{decision.reason}; kv events: {notes} (approximate index)")
+            decision = replace(
+                decision, reason=f"{decision.reason}; kv events: {notes} (approximate index)"
+            )
         shadow = None
         if shadow_ref is not None:
             try:
-                sd = self.policy_for(shadow_ref).decide(features, views, cached, now_s=now_s, rng=self.rng)
+                sd = self.policy_for(shadow_ref).decide(
+                    features, views, cached, now_s=now_s, rng=self.rng
+                )
                 shadow = {
                     "policy": shadow_ref.label,
                     "policy_version_id": shadow_ref.version_id,
@@ -410,7 +456,9 @@ class GatewayState:
             shadow=shadow,
             workers={w.id: w for w in workers},
             keys_by_worker=keys_by_worker,
-            cached_tokens_by_worker={c.worker_id: c.predicted_cached_tokens for c in decision.ranked},
+            cached_tokens_by_worker={
+                c.worker_id: c.predicted_cached_tokens for c in decision.ranked
+            },
         )
 
     def _event_notes(self, workers: Iterable[WorkerSpec], *, now_s: float) -> str:
@@ -431,16 +479,30 @@ class GatewayState:
         entries = m.gauge(m.INDEX_ENTRIES, "Distinct block keys in the prefix index.")
         entries.add_metric([], stats.entries)
         yield entries
-        per = m.gauge(m.INDEX_WORKER_BLOCKS, "Blocks the index holds per worker and layer.", ["worker", "layer"])
+        per = m.gauge(
+            m.INDEX_WORKER_BLOCKS,
+            "Blocks the index holds per worker and layer.",
+            ["worker", "layer"],
+        )
         for wid, counts in stats.per_worker.items():
             per.add_metric([wid, "precise"], counts[0])
             per.add_metric([wid, "approximate"], counts[1])
         yield per
-        lag = m.gauge(m.EVENT_LAG, "Engine timestamp to gateway receipt of the last KV event batch.", ["worker"])
-        state = m.gauge(m.EVENTS_STATE, "KV event stream state per worker (1 = current).", ["worker", "state"])
-        age = m.gauge(m.METRICS_AGE, "Seconds since the worker's /metrics was last scraped.", ["worker"])
+        lag = m.gauge(
+            m.EVENT_LAG,
+            "Engine timestamp to gateway receipt of the last KV event batch.",
+            ["worker"],
+        )
+        state = m.gauge(
+            m.EVENTS_STATE, "KV event stream state per worker (1 = current).", ["worker", "state"]
+        )
+        age = m.gauge(
+            m.METRICS_AGE, "Seconds since the worker's /metrics was last scraped.", ["worker"]
+        )
         inflight = m.gauge(m.INFLIGHT, "Requests the gateway has in flight per worker.", ["worker"])
-        breaker = m.gauge(m.BREAKER_OPEN, "1 when the worker's circuit breaker is open or half-open.", ["worker"])
+        breaker = m.gauge(
+            m.BREAKER_OPEN, "1 when the worker's circuit breaker is open or half-open.", ["worker"]
+        )
         for w in self.snapshot.workers:
             sub = self.subscribers.get(w.id)
             if sub is not None:
@@ -452,10 +514,14 @@ class GatewayState:
             a = metrics_age_s(scraped_at_s=scrape.scraped_at_s if scrape else None, now_s=now_s)
             age.add_metric([w.id], a if math.isfinite(a) else -1.0)
             inflight.add_metric([w.id], self.load.inflight(w.id)[0])
-            breaker.add_metric([w.id], 0 if self.breakers.state(w.id, now_s=now_s) == "closed" else 1)
+            breaker.add_metric(
+                [w.id], 0 if self.breakers.state(w.id, now_s=now_s) == "closed" else 1
+            )
         yield from (lag, state, age, inflight, breaker)
         # Read by telemetry's scrape_fleet for the dashboard's eviction rate.
-        removed = m.counter(m.KV_BLOCKS_REMOVED, "BlockRemoved hashes applied per worker (evictions).", ["worker"])
+        removed = m.counter(
+            m.KV_BLOCKS_REMOVED, "BlockRemoved hashes applied per worker (evictions).", ["worker"]
+        )
         for wid, sub in self.subscribers.items():
             removed.add_metric([wid], sub.status.blocks_removed)
         yield removed
@@ -463,9 +529,10 @@ class GatewayState:
         dropped.add_metric([], self.records.dropped)
         yield dropped
         snap_age = m.gauge(m.SNAPSHOT_AGE, "Seconds since the routing snapshot was last applied.")
-        snap_age.add_metric([], now_s - self.snapshot.loaded_at_s if self.snapshot.revision else -1.0)
+        snap_age.add_metric(
+            [], now_s - self.snapshot.loaded_at_s if self.snapshot.revision else -1.0
+        )
         yield snap_age
-
 
 
 def pick_arm(arms: tuple[Arm, ...], *, key: str) -> Arm:
@@ -508,19 +575,20 @@ def build_gateway_state(
     if httpx_log.level == logging.NOTSET:
         # httpx logs every request at INFO: one line per proxied request is too much.
         httpx_log.setLevel(logging.WARNING)
-    client_for_http: list[httpx.AsyncClient] = []
     if isinstance(snapshot, Mapping):
         source: SnapshotSource = StaticSnapshotSource(snapshot)
     elif snapshot is not None:
         source = snapshot
     elif config.control_plane_url:
-        # Bound after the state exists so the snapshot fetch shares its client.
-        def _http_source() -> Awaitable[Mapping[str, Any]]:
-            return HttpSnapshotSource(url=config.control_plane_url, client=client_for_http[0], token=config.control_plane_token)()
-
-        source = _http_source
+        source = HttpSnapshotSource(url=config.control_plane_url, token=config.control_plane_token)
     else:
         source = InProcessSnapshotSource()
-    state = GatewayState(config=config, snapshot_source=source, transport=transport, record_sink=record_sink, seed=seed)
-    client_for_http.append(state.client)
-    return state
+    if transport is None and config.upstream_transport == "lean":
+        transport = LeanTransport()
+    return GatewayState(
+        config=config,
+        snapshot_source=source,
+        transport=transport,
+        record_sink=record_sink,
+        seed=seed,
+    )

@@ -42,7 +42,9 @@ class Encoded:
 class TokenizerAdapter(Protocol):
     name: str
 
-    async def encode_chat(self, messages: Sequence[dict[str, Any]], *, worker_url: str) -> Encoded: ...
+    async def encode_chat(
+        self, messages: Sequence[dict[str, Any]], *, worker_url: str
+    ) -> Encoded: ...
 
     async def encode_text(self, text: str, *, worker_url: str) -> Encoded: ...
 
@@ -145,7 +147,9 @@ class HFAdapter:
     def render(self, messages: Sequence[dict[str, Any]]) -> str:
         if self._template is None:
             return render_chat(messages)
-        return self._template.render(messages=list(messages), add_generation_prompt=True, **self._special)
+        return self._template.render(
+            messages=list(messages), add_generation_prompt=True, **self._special
+        )
 
     async def encode_chat(self, messages: Sequence[dict[str, Any]], *, worker_url: str) -> Encoded:
         # The template already holds any BOS, so (like vLLM) add no special tokens.
@@ -178,7 +182,9 @@ class RemoteAdapter:
         if hit is not None:
             self._cache.move_to_end(digest)
             return hit
-        resp = await self._client.post(f"{worker_url}/tokenize", json={"model": self._model, **body})
+        resp = await self._client.post(
+            f"{worker_url}/tokenize", json={"model": self._model, **body}
+        )
         resp.raise_for_status()
         ids = resp.json()["tokens"]
         enc = Encoded(list(ids), None, len(ids))

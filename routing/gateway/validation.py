@@ -43,16 +43,16 @@ def _check_max_tokens(body: dict[str, Any], *, limit: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad_request(f"'{name}' must be an integer", param=name, code="invalid_type")
         if value < 1 or value > limit:
-            raise bad_request(
-                f"'{name}' must be between 1 and {limit}, got {value}", param=name
-            )
+            raise bad_request(f"'{name}' must be between 1 and {limit}, got {value}", param=name)
 
 
 def _check_token_ids(ids: list[Any], *, param: str) -> list[int]:
     for tok in ids:
         if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < _MAX_TOKEN_ID:
             raise bad_request(
-                f"'{param}' token ids must be integers in [0, 2**32)", param=param, code="invalid_type"
+                f"'{param}' token ids must be integers in [0, 2**32)",
+                param=param,
+                code="invalid_type",
             )
     return ids
 
@@ -109,7 +109,12 @@ def parse_request(body: bytes, *, kind: str, max_tokens_limit: int) -> ParsedReq
         raise bad_request("request body must be a JSON object", code="invalid_json")
     model = data.get("model")
     if not isinstance(model, str) or not model:
-        raise GatewayError(400, "'model' is required and must be a non-empty string", param="model", code="missing_required_parameter")
+        raise GatewayError(
+            400,
+            "'model' is required and must be a non-empty string",
+            param="model",
+            code="missing_required_parameter",
+        )
     stream = data.get("stream", False)
     if stream is None:
         stream = False
@@ -119,7 +124,9 @@ def parse_request(body: bytes, *, kind: str, max_tokens_limit: int) -> ParsedReq
     wants_usage = False
     if options is not None:
         if not isinstance(options, dict):
-            raise bad_request("'stream_options' must be an object", param="stream_options", code="invalid_type")
+            raise bad_request(
+                "'stream_options' must be an object", param="stream_options", code="invalid_type"
+            )
         include = options.get("include_usage", False)
         if not isinstance(include, bool):
             raise bad_request(
@@ -141,14 +148,20 @@ def parse_request(body: bytes, *, kind: str, max_tokens_limit: int) -> ParsedReq
         first = prompt[0]
         if isinstance(first, str):
             if not all(isinstance(p, str) for p in prompt):
-                raise bad_request("'prompt' list must hold only strings", param="prompt", code="invalid_type")
+                raise bad_request(
+                    "'prompt' list must hold only strings", param="prompt", code="invalid_type"
+                )
             return ParsedRequest("completions", model, stream, wants_usage, data, prompt_text=first)
         if isinstance(first, list):
             for p in prompt:
                 if not isinstance(p, list) or not p:
-                    raise bad_request("'prompt' must be a list of non-empty token-id lists", param="prompt")
+                    raise bad_request(
+                        "'prompt' must be a list of non-empty token-id lists", param="prompt"
+                    )
                 _check_token_ids(p, param="prompt")
-            return ParsedRequest("completions", model, stream, wants_usage, data, prompt_ids=prompt[0])
+            return ParsedRequest(
+                "completions", model, stream, wants_usage, data, prompt_ids=prompt[0]
+            )
         ids = _check_token_ids(prompt, param="prompt")
         return ParsedRequest("completions", model, stream, wants_usage, data, prompt_ids=ids)
     raise bad_request(

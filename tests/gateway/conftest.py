@@ -17,8 +17,8 @@ from routing.gateway.config import GatewayConfig
 from routing.gateway.consumers import GatewayHandle
 from routing.gateway.routing import gateway_app
 from routing.gateway.serve import ServerThread
-from routing.gateway.state import build_gateway_state
 from routing.gateway.snapshot import StaticSnapshotSource
+from routing.gateway.state import build_gateway_state
 from workers.sim.server import SimWorker, WorkerConfig
 
 MODEL = "sim-8b"
@@ -27,7 +27,9 @@ MODEL = "sim-8b"
 class SimFleet:
     """N simulated workers in one background event loop, each on its own HTTP port."""
 
-    def __init__(self, count: int, *, model: str = MODEL, kv_events: bool = True, **overrides: Any) -> None:
+    def __init__(
+        self, count: int, *, model: str = MODEL, kv_events: bool = True, **overrides: Any
+    ) -> None:
         self.count = count
         self.model = model
         self.kv_events = kv_events
@@ -56,7 +58,16 @@ class SimFleet:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(worker, log_level="warning", lifespan="off", access_log=False, http="httptools", loop="asyncio"))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                worker,
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                http="httptools",
+                loop="asyncio",
+            )
+        )
         task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         while not server.started:
             await asyncio.sleep(0.005)
@@ -138,7 +149,13 @@ class SimFleet:
             "workers": workers,
             "models": {
                 self.model: {
-                    "active": {"policy": f"test-{policy}", "version_id": 1, "version": 1, "type": policy, "params": params or {}},
+                    "active": {
+                        "policy": f"test-{policy}",
+                        "version_id": 1,
+                        "version": 1,
+                        "type": policy,
+                        "params": params or {},
+                    },
                     "experiment": experiment,
                 }
             },
@@ -160,7 +177,9 @@ def fleet_factory() -> Iterator[Any]:
 
 
 class RunningGateway:
-    def __init__(self, server: ServerThread, handle: GatewayHandle, source: StaticSnapshotSource | None) -> None:
+    def __init__(
+        self, server: ServerThread, handle: GatewayHandle, source: StaticSnapshotSource | None
+    ) -> None:
         self.server = server
         self.handle = handle
         self.source = source
@@ -201,7 +220,9 @@ def gateway_factory() -> Iterator[Any]:
         values.update(overrides)
         config = GatewayConfig(**values)
         source = StaticSnapshotSource(snapshot) if isinstance(snapshot, dict) else None
-        handle = GatewayHandle(lambda: build_gateway_state(config, snapshot=source or snapshot, seed=7), config=config)
+        handle = GatewayHandle(
+            lambda: build_gateway_state(config, snapshot=source or snapshot, seed=7), config=config
+        )
         server = ServerThread(gateway_app(handle)).start()
         gw = RunningGateway(server, handle, source)
         running.append(gw)
@@ -212,7 +233,9 @@ def gateway_factory() -> Iterator[Any]:
         gw.server.stop()
 
 
-def chat_body(text: str, *, stream: bool = False, max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
+def chat_body(
+    text: str, *, stream: bool = False, max_tokens: int = 4, **extra: Any
+) -> dict[str, Any]:
     return {
         "model": MODEL,
         "messages": [{"role": "user", "content": text}],
@@ -222,7 +245,14 @@ def chat_body(text: str, *, stream: bool = False, max_tokens: int = 4, **extra: 
     }
 
 
-def post(url: str, path: str, body: Any, *, headers: dict[str, str] | None = None, timeout: float = 10.0) -> httpx.Response:
+def post(
+    url: str, path: str, body: Any, *, headers: dict[str, str] | None = None, timeout: float = 10.0
+) -> httpx.Response:
     if isinstance(body, (bytes, str)):
-        return httpx.post(url + path, content=body, headers={"content-type": "application/json", **(headers or {})}, timeout=timeout)
+        return httpx.post(
+            url + path,
+            content=body,
+            headers={"content-type": "application/json", **(headers or {})},
+            timeout=timeout,
+        )
     return httpx.post(url + path, json=body, headers=headers, timeout=timeout)

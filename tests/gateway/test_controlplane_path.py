@@ -26,7 +26,9 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: N
 
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("sqlite3"):
-        db.setdefault("TEST", {})["NAME"] = os.path.join(tempfile.gettempdir(), f"kvroute-test-gw-{os.getpid()}.sqlite3")
+        db.setdefault("TEST", {})["NAME"] = os.path.join(
+            tempfile.gettempdir(), f"kvroute-test-gw-{os.getpid()}.sqlite3"
+        )
     elif not db.get("TEST", {}).get("NAME"):
         db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_{os.getpid()}"
 
@@ -57,7 +59,9 @@ def test_product_app_routes_with_the_control_planes_snapshot(fleet_factory: Any)
     from controlplane.asgi import application
     from routing.gateway.routing import gateway
 
-    gateway.config = GatewayConfig.from_env(listen_channel_layer=True, snapshot_poll_s=0.3, metrics_interval_s=0.2)
+    gateway.config = GatewayConfig.from_env(
+        listen_channel_layer=True, snapshot_poll_s=0.3, metrics_interval_s=0.2
+    )
     server = serve_in_thread(application)
     try:
         resp = post(server.url, "/v1/chat/completions", chat_body("hello from the product " * 20))

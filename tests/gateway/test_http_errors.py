@@ -27,10 +27,14 @@ def setup() -> Iterator[tuple[str, str, SimFleet]]:
     doc["models"]["orphan-model"] = {"active": doc["models"][MODEL]["active"], "experiment": None}
     servers = []
     try:
-        open_cfg = GatewayConfig(metrics_interval_s=0, max_body_bytes=64 * 1024, max_tokens_limit=1000)
+        open_cfg = GatewayConfig(
+            metrics_interval_s=0, max_body_bytes=64 * 1024, max_tokens_limit=1000
+        )
         keyed_cfg = GatewayConfig(metrics_interval_s=0, gateway_keys=KEYS)
         for cfg in (open_cfg, keyed_cfg):
-            handle = GatewayHandle(lambda cfg=cfg: build_gateway_state(cfg, snapshot=doc), config=cfg)
+            handle = GatewayHandle(
+                lambda cfg=cfg: build_gateway_state(cfg, snapshot=doc), config=cfg
+            )
             servers.append(ServerThread(gateway_app(handle)).start())
         yield servers[0].url, servers[1].url, fleet
     finally:
@@ -59,16 +63,27 @@ def error_of(resp: httpx.Response) -> dict[str, Any]:
         ({"model": MODEL, "messages": ["hi"]}, "messages[0]"),
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
         ({"model": MODEL, "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}, "messages[0].content[0].text"),
+        (
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}],
+            },
+            "messages[0].content[0].text",
+        ),
         ({**chat_body("hi"), "max_tokens": 0}, "max_tokens"),
         ({**chat_body("hi"), "max_tokens": 1001}, "max_tokens"),
         ({**chat_body("hi"), "max_tokens": "ten"}, "max_tokens"),
         ({**chat_body("hi"), "max_tokens": True}, "max_tokens"),
         ({**chat_body("hi"), "stream": "yes"}, "stream"),
-        ({**chat_body("hi"), "stream_options": {"include_usage": 1}}, "stream_options.include_usage"),
+        (
+            {**chat_body("hi"), "stream_options": {"include_usage": 1}},
+            "stream_options.include_usage",
+        ),
     ],
 )
-def test_malformed_chat_bodies_get_400_naming_the_field(setup: Any, body: Any, param: str | None) -> None:
+def test_malformed_chat_bodies_get_400_naming_the_field(
+    setup: Any, body: Any, param: str | None
+) -> None:
     url, _, _ = setup
     resp = post(url, "/v1/chat/completions", body)
     assert resp.status_code == 400, resp.text
@@ -143,10 +158,14 @@ def test_gateway_keys_are_checked_before_any_work(setup: Any) -> None:
     resp = post(keyed, "/v1/chat/completions", b"{not json")
     assert resp.status_code == 401
     assert error_of(resp)["type"] == "authentication_error"
-    resp = post(keyed, "/v1/chat/completions", chat_body("hi"), headers={"authorization": "Bearer wrong"})
+    resp = post(
+        keyed, "/v1/chat/completions", chat_body("hi"), headers={"authorization": "Bearer wrong"}
+    )
     assert resp.status_code == 401
     assert httpx.get(keyed + "/v1/models").status_code == 401
-    resp = post(keyed, "/v1/chat/completions", chat_body("hi"), headers={"authorization": "Bearer key-b"})
+    resp = post(
+        keyed, "/v1/chat/completions", chat_body("hi"), headers={"authorization": "Bearer key-b"}
+    )
     assert resp.status_code == 200, resp.text
     models = httpx.get(keyed + "/v1/models", headers={"authorization": "Bearer key-a"}).json()
     assert {m["id"]: m["workers"] for m in models["data"]} == {MODEL: 1, "orphan-model": 0}
@@ -155,6 +174,8 @@ def test_gateway_keys_are_checked_before_any_work(setup: Any) -> None:
 def test_worker_side_4xx_is_passed_through_not_retried(setup: Any) -> None:
     url, _, _ = setup
     # The dev profile's max_model_len is 2048 tokens: the worker rejects this prompt itself.
-    resp = post(url, "/v1/completions", {"model": MODEL, "prompt": list(range(3000)), "max_tokens": 2})
+    resp = post(
+        url, "/v1/completions", {"model": MODEL, "prompt": list(range(3000)), "max_tokens": 2}
+    )
     assert resp.status_code == 400
     assert resp.headers["x-kvroute-worker"] == "sim-0"

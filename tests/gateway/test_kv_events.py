@@ -38,7 +38,9 @@ class VllmStylePublisher:
         self.seq = 0
         self.task = asyncio.get_running_loop().create_task(self._serve_replay())
 
-    async def publish(self, ops: list[KVOp], *, lost: bool = False, forgotten: bool = False) -> None:
+    async def publish(
+        self, ops: list[KVOp], *, lost: bool = False, forgotten: bool = False
+    ) -> None:
         frames = encode_batch(self.seq, time.time(), ops)
         if not forgotten:
             self.buffer[self.seq] = frames
@@ -53,7 +55,9 @@ class VllmStylePublisher:
             for seq in sorted(s for s in self.buffer if s >= first):
                 _, seq_frame, payload = self.buffer[seq]
                 await self.router.send_multipart([ident, b"", seq_frame, payload])
-            await self.router.send_multipart([ident, b"", (-1).to_bytes(8, "big", signed=True), b""])
+            await self.router.send_multipart(
+                [ident, b"", (-1).to_bytes(8, "big", signed=True), b""]
+            )
 
     def close(self) -> None:
         self.task.cancel()
@@ -72,14 +76,34 @@ def stored(block: int, *, parent: int | None) -> BlockStored:
 
 def doc(pub: VllmStylePublisher) -> dict[str, Any]:
     worker = {
-        "id": "w0", "url": "http://127.0.0.1:9", "model": "m", "state": "active", "healthy": True,
-        "block_size": BS, "capacity_blocks": 0, "network_ms": 0.0,
-        "kv_events_endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint, "labels": {},
+        "id": "w0",
+        "url": "http://127.0.0.1:9",
+        "model": "m",
+        "state": "active",
+        "healthy": True,
+        "block_size": BS,
+        "capacity_blocks": 0,
+        "network_ms": 0.0,
+        "kv_events_endpoint": pub.endpoint,
+        "replay_endpoint": pub.replay_endpoint,
+        "labels": {},
     }
     other = {**worker, "id": "w1", "kv_events_endpoint": None, "replay_endpoint": None}
     return {
-        "revision": "r", "workers": [worker, other],
-        "models": {"m": {"active": {"policy": "p", "version": 1, "version_id": 1, "type": "kv_score", "params": {}}, "experiment": None}},
+        "revision": "r",
+        "workers": [worker, other],
+        "models": {
+            "m": {
+                "active": {
+                    "policy": "p",
+                    "version": 1,
+                    "version_id": 1,
+                    "type": "kv_score",
+                    "params": {},
+                },
+                "experiment": None,
+            }
+        },
     }
 
 
@@ -109,7 +133,15 @@ def cached(state: GatewayState) -> int:
 
 def plan(state: GatewayState) -> Any:
     workers = state.model_workers("m")
-    return state.plan(model="m", workers=workers, encoded=Encoded(TOKENS + [99], None, len(TOKENS) + 1), session_key=None, tenant=None, request_id="r", now_s=state.clock())
+    return state.plan(
+        model="m",
+        workers=workers,
+        encoded=Encoded(TOKENS + [99], None, len(TOKENS) + 1),
+        session_key=None,
+        tenant=None,
+        request_id="r",
+        now_s=state.clock(),
+    )
 
 
 async def test_events_fill_the_index_and_a_missed_start_is_replayed(rig: Any) -> None:

@@ -20,12 +20,22 @@ from routing.gateway.records import MemorySink, RecordWriter, RedisStreamSink
 from routing.gateway.scraper import parse_vllm_metrics
 from routing.gateway.snapshot import Arm, PolicyRef, parse_snapshot
 from routing.gateway.state import pick_arm
-from routing.gateway.tokenization import BuiltinAdapter, HFAdapter, RemoteAdapter, TextAdapter, build_adapter
+from routing.gateway.tokenization import (
+    BuiltinAdapter,
+    HFAdapter,
+    RemoteAdapter,
+    TextAdapter,
+    build_adapter,
+)
 from workers.sim.server import SimWorker, WorkerConfig
 
 
 def test_sse_filter_passes_events_whole_and_strips_the_usage_chunk() -> None:
-    usage = {"prompt_tokens": 10, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 8}}
+    usage = {
+        "prompt_tokens": 10,
+        "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 8},
+    }
     events = [
         b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n',
         b'data: {"choices":[{"delta":{"content":"b"}}]}\n\n',
@@ -92,11 +102,16 @@ def test_arms_split_by_share_and_stick_to_their_key() -> None:
 
 
 def test_config_parsing_rejects_malformed_entries() -> None:
-    assert parse_gateway_keys("tenantA:key1, tenantB:key2") == {"key1": "tenantA", "key2": "tenantB"}
+    assert parse_gateway_keys("tenantA:key1, tenantB:key2") == {
+        "key1": "tenantA",
+        "key2": "tenantB",
+    }
     assert parse_tokenizers("m1=builtin,m2=hf:/x/y") == {"m1": "builtin", "m2": "hf:/x/y"}
     with pytest.raises(ValueError, match="tenantA"):
         parse_gateway_keys("tenantA")
-    cfg = GatewayConfig.from_env({"KVROUTE_GATEWAY_KEYS": "t:k", "KVROUTE_GATEWAY_MAX_RETRIES": "5"})
+    cfg = GatewayConfig.from_env(
+        {"KVROUTE_GATEWAY_KEYS": "t:k", "KVROUTE_GATEWAY_MAX_RETRIES": "5"}
+    )
     assert cfg.gateway_keys == {"k": "t"} and cfg.max_retries == 5
     with pytest.raises(ValueError, match="unknown tokenizer"):
         build_adapter("sentencepiece", model="m", client=httpx.AsyncClient())
@@ -119,7 +134,10 @@ def test_snapshot_parsing_keeps_only_routable_states() -> None:
 
 
 async def test_builtin_and_text_adapters() -> None:
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello there"},
+    ]
     enc = await BuiltinAdapter().encode_chat(messages, worker_url="")
     assert enc.token_ids == builtin_encode(render_chat(messages))
     text = await TextAdapter(block_chars=8).encode_text("x" * 100, worker_url="")
@@ -134,7 +152,9 @@ async def test_hf_adapter_uses_the_directorys_tokenizer_and_chat_template(tmp_pa
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(tmp_path / "tokenizer.json"))
     template = "{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}{% if add_generation_prompt %}assistant :{% endif %}"
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "bos_token": "<s>"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"chat_template": template, "bos_token": "<s>"})
+    )
     adapter = build_adapter(f"hf:{tmp_path}", model="m", client=httpx.AsyncClient())
     assert isinstance(adapter, HFAdapter)
     enc = await adapter.encode_chat([{"role": "user", "content": "hello there"}], worker_url="")
@@ -208,10 +228,20 @@ async def test_builtin_adapter_per_message_memo_equals_whole_conversation_encodi
     roles = ["system", "user", "assistant", "tool", "developer"]
     for i in range(40):
         messages: list[dict[str, Any]] = [
-            {"role": roles[(i + j) % len(roles)], "content": awkward[(i * 3 + j) % len(awkward)]} for j in range(1 + i % 4)
+            {"role": roles[(i + j) % len(roles)], "content": awkward[(i * 3 + j) % len(awkward)]}
+            for j in range(1 + i % 4)
         ]
         if i % 5 == 0:
-            messages.append({"role": "user", "content": [{"type": "text", "text": "part one "}, {"type": "image_url"}, {"type": "text", "text": "two"}]})
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "part one "},
+                        {"type": "image_url"},
+                        {"type": "text", "text": "two"},
+                    ],
+                }
+            )
         if i % 7 == 0:
             messages.append({"role": "assistant", "content": None})
         enc = await adapter.encode_chat(messages, worker_url="")

@@ -11,12 +11,19 @@ from typing import Any
 import httpx
 
 from routing.gateway.records import MemorySink
-from tests.gateway.conftest import MODEL, chat_body, post
+from tests.gateway.conftest import MODEL, post
 
 SYSTEM = " ".join(f"rule {i}: answer briefly and cite the cache block." for i in range(40))
 
 
-def ask(url: str, question: str, *, system: str = SYSTEM, headers: dict[str, str] | None = None, **extra: Any) -> httpx.Response:
+def ask(
+    url: str,
+    question: str,
+    *,
+    system: str = SYSTEM,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> httpx.Response:
     body = {
         "model": MODEL,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
@@ -48,7 +55,9 @@ def wait_for(predicate: Any, timeout_s: float = 3.0) -> None:
         time.sleep(0.02)
 
 
-def test_shared_prefix_lands_on_the_worker_holding_it(fleet_factory: Any, gateway_factory: Any) -> None:
+def test_shared_prefix_lands_on_the_worker_holding_it(
+    fleet_factory: Any, gateway_factory: Any
+) -> None:
     fleet = fleet_factory(3)
     gw = gateway_factory(fleet.snapshot())
     first = ask(gw.url, "question zero")
@@ -73,7 +82,9 @@ def test_shared_prefix_lands_on_the_worker_holding_it(fleet_factory: Any, gatewa
     assert all("cache" in c["terms"] for c in decision["candidates"])
 
 
-def test_predictions_equal_actual_cached_tokens_on_a_quiet_fleet(fleet_factory: Any, gateway_factory: Any) -> None:
+def test_predictions_equal_actual_cached_tokens_on_a_quiet_fleet(
+    fleet_factory: Any, gateway_factory: Any
+) -> None:
     fleet = fleet_factory(2)
     gw = gateway_factory(fleet.snapshot())
     systems = [SYSTEM, SYSTEM[: len(SYSTEM) // 2], "tenant B: " + SYSTEM[100:]]
@@ -93,7 +104,9 @@ def test_predictions_equal_actual_cached_tokens_on_a_quiet_fleet(fleet_factory: 
         assert 1 <= len(r["candidates"]) <= 3
 
 
-def test_traffic_moves_off_a_loaded_holder_to_an_idle_worker(fleet_factory: Any, gateway_factory: Any) -> None:
+def test_traffic_moves_off_a_loaded_holder_to_an_idle_worker(
+    fleet_factory: Any, gateway_factory: Any
+) -> None:
     # Real time (time_scale=1): requests stay in flight long enough to load the holder.
     fleet = fleet_factory(2, time_scale=1.0)
     gw = gateway_factory(fleet.snapshot(params={"max_queue_imbalance": 2.0}))
@@ -106,7 +119,10 @@ def test_traffic_moves_off_a_loaded_holder_to_an_idle_worker(fleet_factory: Any,
     def long_request(i: int, started: threading.Event) -> None:
         body = {
             "model": MODEL,
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"long {i}"}],
+            "messages": [
+                {"role": "system", "content": SYSTEM},
+                {"role": "user", "content": f"long {i}"},
+            ],
             "max_tokens": 1200,
             "ignore_eos": True,
             "stream": True,
@@ -158,7 +174,9 @@ def test_a_draining_worker_gets_nothing_new(fleet_factory: Any, gateway_factory:
     assert health["workers"][holder]["routable"] is False
 
 
-def test_a_killed_worker_is_retried_around_without_client_visible_error(fleet_factory: Any, gateway_factory: Any) -> None:
+def test_a_killed_worker_is_retried_around_without_client_visible_error(
+    fleet_factory: Any, gateway_factory: Any
+) -> None:
     fleet = fleet_factory(2)
     # No scraper: the only way to learn the worker is dead is the failed request itself.
     gw = gateway_factory(fleet.snapshot(), metrics_interval_s=0, breaker_failures=2)
@@ -182,20 +200,36 @@ def test_a_killed_worker_is_retried_around_without_client_visible_error(fleet_fa
     assert f'kvroute_gateway_worker_breaker_open{{worker="{holder}"}} 1.0' in metrics
 
 
-def test_experiment_arms_are_sticky_per_session_and_shadow_is_recorded(fleet_factory: Any, gateway_factory: Any, redis_url: str) -> None:
+def test_experiment_arms_are_sticky_per_session_and_shadow_is_recorded(
+    fleet_factory: Any, gateway_factory: Any, redis_url: str
+) -> None:
     from routing.gateway.records import RedisStreamSink
 
     fleet = fleet_factory(2)
 
     def arm(name: str, policy: str, version_id: int) -> dict[str, Any]:
-        return {"name": name, "policy": policy, "version": 1, "version_id": version_id, "type": policy, "params": {}, "share": 50}
+        return {
+            "name": name,
+            "policy": policy,
+            "version": 1,
+            "version_id": version_id,
+            "type": policy,
+            "params": {},
+            "share": 50,
+        }
 
     experiment = {
         "id": 7,
         "name": "kv-vs-rr",
         "sticky_key": "session",
         "arms": [arm("A", "kv_score", 11), arm("B", "round_robin", 12)],
-        "shadow": {"policy": "least_load", "version": 1, "version_id": 13, "type": "least_load", "params": {}},
+        "shadow": {
+            "policy": "least_load",
+            "version": 1,
+            "version_id": 13,
+            "type": "least_load",
+            "params": {},
+        },
     }
     gw = gateway_factory(fleet.snapshot(experiment=experiment), redis_url=redis_url)
     seen: dict[str, set[str]] = {}
@@ -211,5 +245,8 @@ def test_experiment_arms_are_sticky_per_session_and_shadow_is_recorded(fleet_fac
     recs = [r for _, r in sink.read(count=100)]
     assert {r["experiment_id"] for r in recs} == {7}
     assert {(r["arm"], r["policy_version_id"]) for r in recs} == {("A", 11), ("B", 12)}
-    assert all(r["shadow"]["policy_version_id"] == 13 and r["shadow"]["worker"] in ("sim-0", "sim-1") for r in recs)
+    assert all(
+        r["shadow"]["policy_version_id"] == 13 and r["shadow"]["worker"] in ("sim-0", "sim-1")
+        for r in recs
+    )
     assert all(r["session_key"] == f"s{i % 8}" for i, r in enumerate(recs))

@@ -17,10 +17,14 @@ def sse_events(text: str) -> list[str]:
     return [e[len("data: ") :] for e in text.split("\n\n") if e.startswith("data: ")]
 
 
-def test_usage_is_fetched_upstream_but_stripped_unless_asked(fleet_factory: Any, gateway_factory: Any) -> None:
+def test_usage_is_fetched_upstream_but_stripped_unless_asked(
+    fleet_factory: Any, gateway_factory: Any
+) -> None:
     fleet = fleet_factory(1)
     gw = gateway_factory(fleet.snapshot())
-    plain = httpx.post(gw.url + "/v1/chat/completions", json=chat_body("tell me " * 30, stream=True), timeout=10)
+    plain = httpx.post(
+        gw.url + "/v1/chat/completions", json=chat_body("tell me " * 30, stream=True), timeout=10
+    )
     assert plain.headers["content-type"].startswith("text/event-stream")
     events = sse_events(plain.text)
     assert events[-1] == "[DONE]"
@@ -36,7 +40,11 @@ def test_usage_is_fetched_upstream_but_stripped_unless_asked(fleet_factory: Any,
     chunks = [json.loads(e) for e in sse_events(asked.text)[:-1]]
     assert chunks[-1]["choices"] == []
     usage = chunks[-1]["usage"]
-    assert usage["prompt_tokens_details"]["cached_tokens"] == int(asked.headers["x-kvroute-predicted-cached-tokens"]) > 0
+    assert (
+        usage["prompt_tokens_details"]["cached_tokens"]
+        == int(asked.headers["x-kvroute-predicted-cached-tokens"])
+        > 0
+    )
 
     # Either way the gateway learned the actual cached tokens for its record.
     time.sleep(0.2)
@@ -61,7 +69,9 @@ def test_stream_is_passed_through_as_it_arrives(fleet_factory: Any, gateway_fact
     assert arrivals[0] < arrivals[-1] / 2
 
 
-def test_client_disconnect_mid_stream_frees_inflight_and_aborts_upstream(fleet_factory: Any, gateway_factory: Any) -> None:
+def test_client_disconnect_mid_stream_frees_inflight_and_aborts_upstream(
+    fleet_factory: Any, gateway_factory: Any
+) -> None:
     fleet = fleet_factory(1, time_scale=1.0)
     gw = gateway_factory(fleet.snapshot())
     body = chat_body("a long answer please", stream=True, max_tokens=1500, ignore_eos=True)
@@ -78,7 +88,9 @@ def test_client_disconnect_mid_stream_frees_inflight_and_aborts_upstream(fleet_f
         time.sleep(0.02)
     deadline = time.monotonic() + 5
     while fleet.workers[0].finished_by_reason.get("abort", 0) != 1:
-        assert time.monotonic() < deadline, f"upstream not aborted: {fleet.workers[0].finished_by_reason}"
+        assert time.monotonic() < deadline, (
+            f"upstream not aborted: {fleet.workers[0].finished_by_reason}"
+        )
         time.sleep(0.02)
     time.sleep(0.2)
     recs = [r for _, r in gw.state.records.sink.read()]
@@ -97,7 +109,9 @@ def test_openai_sdk_against_the_gateway(fleet_factory: Any, gateway_factory: Any
 
         system = "You are a helpful assistant for the kvroute project. " * 20
         messages = [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]
-        raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages, max_tokens=5)
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_tokens=5
+        )
         completion = raw.parse()
         assert completion.choices[0].message.content
         assert completion.usage.completion_tokens == 5
@@ -105,7 +119,11 @@ def test_openai_sdk_against_the_gateway(fleet_factory: Any, gateway_factory: Any
         time.sleep(0.1)
 
         stream = client.chat.completions.create(
-            model=MODEL, messages=messages, max_tokens=6, stream=True, stream_options={"include_usage": True}
+            model=MODEL,
+            messages=messages,
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
         )
         pieces, usage = [], None
         for chunk in stream:
