@@ -303,6 +303,15 @@ def test_operator_watches_live_traffic_and_tunes_a_weight(
             table = driver.find_element(By.TAG_NAME, "table").text
             assert "sim-0" in table and "sim-1" in table and "healthy" in table and "Drain" in table
             driver.save_screenshot(str(tmp_path / "workers.png"))
+            driver.find_element(By.LINK_TEXT, "sim-0").click()
+            wait_for(
+                driver,
+                "return document.getElementById('chart-kv_usage') && document.getElementById('chart-kv_usage').data"
+                " && document.getElementById('chart-rps').data[0].x.length > 0",
+                timeout_s=10,
+                what="the worker's charts",
+            )
+            driver.save_screenshot(str(tmp_path / "worker.png"))
 
             # The request explorer explains a routed request: its candidates and score terms.
             driver.get(url + "/requests/")
@@ -402,6 +411,9 @@ def test_operator_watches_live_traffic_and_tunes_a_weight(
                 what="the experiment results",
             )
             driver.save_screenshot(str(tmp_path / "experiment.png"))
+            driver.get(url + "/experiments/")
+            assert "w1-vs-w25" in driver.find_element(By.TAG_NAME, "table").text
+            driver.save_screenshot(str(tmp_path / "experiments.png"))
             assert not traffic.errors, traffic.errors[:3]
             assert traffic.sent > 20
     finally:
