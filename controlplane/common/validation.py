@@ -25,6 +25,18 @@ def check_name(value: Any, *, field: str = "name") -> str:
     return value
 
 
+def check_name_case_unique(queryset: Any, name: str, *, kind: str, field: str = "name") -> None:
+    """Refuse a name that differs only in letter case from an existing one (`queryset`'s
+    `name` column): `GPU-1` next to `gpu-1` is a typo waiting to route traffic wrongly."""
+    clash = queryset.filter(name__iexact=name).exclude(name=name).values_list("name", flat=True)
+    existing = clash.first()
+    if existing is not None:
+        raise ServiceError(
+            f"{kind} {existing!r} already exists; names must differ by more than letter case.",
+            field=field,
+        )
+
+
 def check_model(value: Any, *, field: str = "model") -> str:
     if not isinstance(value, str) or not MODEL_RE.match(value):
         raise ServiceError("A model name is 1-200 characters with no whitespace.", field=field)
@@ -46,6 +58,9 @@ def check_http_url(value: Any, *, field: str) -> str:
         )
     if not parts.hostname:
         raise ServiceError("The URL has no host.", field=field)
+    if "@" in parts.netloc:
+        # Anything stored here is shown to every reader and copied into the routing snapshot.
+        raise ServiceError("A base URL carries no credentials (user:password@).", field=field)
     if port == 0:
         raise ServiceError("The URL port must be 1-65535.", field=field)
     if parts.query or parts.fragment:
@@ -90,8 +105,10 @@ def check_labels(value: Any, *, field: str = "labels") -> dict[str, str]:
     if len(value) > 50:
         raise ServiceError("At most 50 labels.", field=field)
     for key, item in value.items():
-        if not isinstance(key, str) or not 1 <= len(key) <= 63:
-            raise ServiceError("Label keys are 1-63 characters.", field=field)
+        if not isinstance(key, str) or not 1 <= len(key) <= 63 or "\x00" in key:
+            raise ServiceError(
+                "Label keys are 1-63 characters, with no null character.", field=field
+            )
         if not isinstance(item, str) or len(item) > 200:
             raise ServiceError(
                 f"Label {key!r}: values are strings of at most 200 characters.", field=field

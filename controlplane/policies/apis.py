@@ -16,7 +16,7 @@ from rest_framework.response import Response
 
 from controlplane.common.api import ApiView
 from controlplane.common.auth import OPERATOR, READ, WORKER
-from controlplane.common.errors import NotFound
+from controlplane.common.errors import NotFound, ServiceError
 from controlplane.policies import selectors, services
 from controlplane.policies.models import Experiment, Policy
 from controlplane.policies.serializers import (
@@ -258,9 +258,13 @@ class ExperimentListApi(ApiView):
         responses={200: ExperimentSerializer(many=True), **ERRORS},
     )
     def get(self, request: Request) -> Response:
+        status_filter = request.query_params.get("status") or None
+        if status_filter is not None and status_filter not in Experiment.Status.values:
+            raise ServiceError(
+                f"Status must be one of {', '.join(Experiment.Status.values)}.", field="status"
+            )
         experiments = selectors.experiment_list(
-            model=request.query_params.get("model") or None,
-            status=request.query_params.get("status") or None,
+            model=request.query_params.get("model") or None, status=status_filter
         )
         return Response(ExperimentSerializer(experiments, many=True).data)
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from controlplane.common.auth import Actor
 from controlplane.common.errors import Conflict, NotFound, ServiceError
-from controlplane.common.validation import check_model, check_name
+from controlplane.common.validation import check_model, check_name, check_name_case_unique
 from controlplane.policies.models import (
     Activation,
     ActiveVersion,
@@ -80,6 +80,7 @@ def policy_create(
     description = _check_note(description, field="description")
     note = _check_note(note)
     clean = policy_params_clean(type=type, params=params)
+    check_name_case_unique(Policy.objects, name, kind="Policy")
     try:
         with transaction.atomic():
             policy = Policy.objects.create(
@@ -292,6 +293,7 @@ def experiment_create(
             field="sticky_key",
         )
     clean = _clean_arms(arms=arms, model=model)
+    check_name_case_unique(Experiment.objects, name, kind="Experiment")
     shadow = None
     if shadow_version_id is not None:
         shadow = _version_by_id(version_id=shadow_version_id, field="shadow_version_id")

@@ -17,6 +17,7 @@ from controlplane.common.validation import (
     check_labels,
     check_model,
     check_name,
+    check_name_case_unique,
     check_tcp_endpoint,
 )
 from controlplane.registry.models import Worker
@@ -127,6 +128,7 @@ def worker_register(
         worker = Worker.objects.select_for_update().filter(name=name).first()
         created = worker is None
         if worker is None:
+            check_name_case_unique(Worker.objects, name, kind="Worker")
             try:
                 with transaction.atomic():
                     worker = Worker.objects.create(
