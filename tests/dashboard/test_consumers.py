@@ -81,3 +81,42 @@ async def test_embedded_scheduler_pushes_drained_minutes_to_the_socket() -> None
     # Nothing is due again before the interval passes.
     assert await asyncio.to_thread(scheduler.run_due, now_s=0.1) == []
     await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_celery_style_publish_through_redis_reaches_the_socket(
+    redis_url: str, settings
+) -> None:  # type: ignore[no-untyped-def]
+    """The fleet path: a Celery worker drains the Redis stream and publishes through the
+    Redis channel layer (from sync code); the web process's socket receives the points."""
+    from controlplane.telemetry import tasks
+    from controlplane.telemetry.sources import RedisStreamSource
+
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [redis_url], "prefix": "kvroute-test"},
+        }
+    }
+    user = await database_sync_to_async(User.objects.create_user)("u3", password="p-123-abc")
+    comm = communicator(user)
+    assert (await comm.connect())[0]
+    await comm.receive_json_from()  # hello
+    writer = RedisStreamSource(url=redis_url)
+    for i in range(5):
+        writer.append(make_record(i))
+    writer.close()
+
+    def celery_worker() -> int:
+        source = RedisStreamSource(url=redis_url)
+        try:
+            result = tasks.drain_request_stream_run(source=source, publish=tasks.channel_publish)
+            return result.entries if result else -1
+        finally:
+            source.close()
+
+    assert await asyncio.to_thread(celery_worker) == 5
+    got = await comm.receive_json_from(timeout=5)
+    assert got["kind"] == "overview" and sum(p["requests"] for p in got["points"]) == 5
+    await comm.disconnect()
+    await get_channel_layer().close_pools()
