@@ -137,7 +137,8 @@ class KVEventPublisher:
         seq = self._seq
         self._seq += 1
         payload = encode_payload(ts, ops, shape=self.shape, dp_rank=self.dp_rank)
-        self._buffer.append((seq, payload))
+        if self._want_replay:
+            self._buffer.append((seq, payload))
         await self._pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
         return seq
 

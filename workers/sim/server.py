@@ -129,6 +129,9 @@ class WorkerConfig:
     engine_label: str = "0"
 
 
+_TIMING_WINDOW = 100_000
+
+
 @dataclass(slots=True)
 class StepTiming:
     """How faithfully wall time follows the model (for the benchmark), in wall seconds."""
@@ -147,6 +150,9 @@ class StepTiming:
         if err > 0.05:
             self.late_steps += 1
         self.rel_errors.append(err)
+        if len(self.rel_errors) > 2 * _TIMING_WINDOW:
+            # Percentiles over the recent window; a long-running worker must not grow forever.
+            del self.rel_errors[:_TIMING_WINDOW]
 
     def summary(self) -> dict[str, float | int]:
         """Totals plus percentiles of per-step relative error (actual / model - 1)."""
