@@ -398,8 +398,10 @@ class SimWorker:
                 continue
             result = self.engine.step(now_s=start_s)
             if result.duration_s <= 0:
+                # Nothing could be scheduled (cannot happen for requests add_request accepted);
+                # back off rather than spin.
                 chaining = False
-                await asyncio.sleep(0)
+                await asyncio.sleep(0.001)
                 continue
             delay = self._t0 + result.end_s * scale - loop.time()
             await asyncio.sleep(max(delay, 0.0))
