@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -40,6 +41,7 @@ def test_ids_are_stable_across_processes() -> None:
         capture_output=True,
         text=True,
         check=True,
+        cwd=Path(__file__).parents[3],
     ).stdout.strip()
     assert other == str(builtin_encode(text))
 
