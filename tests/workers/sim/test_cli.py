@@ -72,3 +72,35 @@ def test_cli_rejects_an_unknown_profile() -> None:
         timeout=30,
     )
     assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+def test_single_worker_cli_with_kv_events_and_replay() -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "workers.sim",
+        "--port",
+        "0",
+        "--model",
+        "m1",
+        "--profile",
+        "dev",
+        "--kv-events",
+        "tcp://127.0.0.1:0",
+        "--replay",
+        "tcp://127.0.0.1:0",
+        "--event-shape",
+        "array",
+    ]
+    with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            url = proc.stdout.readline().strip()
+            (worker,) = json.loads(proc.stdout.readline())["workers"]
+            assert worker["url"] == url and worker["model"] == "m1"
+            assert worker["kv_events_endpoint"].startswith("tcp://127.0.0.1:")
+            assert worker["replay_endpoint"].startswith("tcp://127.0.0.1:")
+            assert httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"] == "m1"
+        finally:
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=15) == 0
