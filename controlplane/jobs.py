@@ -77,7 +77,7 @@ class EmbeddedScheduler:
         results_interval_s: float | None = None,
         retention_interval_s: float | None = None,
         targets: Any = None,
-        evictions_getter: Callable[[], Any] | None = None,
+        gateway_getter: Callable[[], Any] | None = None,
         tick_s: float = 0.2,
     ) -> None:
         from controlplane.telemetry import tasks
@@ -98,7 +98,7 @@ class EmbeddedScheduler:
                 "scrape_fleet",
                 scrape_interval_s or settings.KVROUTE_TELEMETRY_SCRAPE_INTERVAL_S,
                 lambda: tasks.scrape_fleet_run(
-                    targets=targets, publish=publish, evictions_getter=evictions_getter
+                    targets=targets, publish=publish, gateway_getter=gateway_getter
                 ),
             ),
             Job(
@@ -181,15 +181,21 @@ def gateway_record_source() -> Any:
     return default_source()
 
 
-def gateway_evictions() -> dict[str, float]:
-    """BlockRemoved counts per worker from the gateway in this process ({} without one)."""
+def gateway_view() -> Any:
+    """Per-worker BlockRemoved counts and KV-event stream states from the gateway in this
+    process (empty without one)."""
+    from controlplane.telemetry.tasks import GatewayView
     from routing.gateway.routing import gateway
 
     subscribers = getattr(gateway.state, "subscribers", None) or {}
     try:
-        return {wid: float(sub.status.blocks_removed) for wid, sub in list(subscribers.items())}
+        items = list(subscribers.items())
     except RuntimeError:  # the gateway's loop changed the dict mid-copy; next scrape catches up
-        return {}
+        return GatewayView()
+    return GatewayView(
+        blocks_removed={wid: float(sub.status.blocks_removed) for wid, sub in items},
+        events_state={wid: str(sub.status.state) for wid, sub in items},
+    )
 
 
 def with_embedded_jobs(inner: Callable[..., Any]) -> Callable[..., Any]:
@@ -207,7 +213,7 @@ def with_embedded_jobs(inner: Callable[..., Any]) -> Callable[..., Any]:
                 scheduler = EmbeddedScheduler(
                     source=gateway_record_source(),
                     loop=asyncio.get_running_loop(),
-                    evictions_getter=gateway_evictions,
+                    gateway_getter=gateway_view,
                 ).start()
                 logger.info("embedded job scheduler started")
             await send(message)

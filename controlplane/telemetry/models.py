@@ -131,6 +131,9 @@ class FleetSample(models.Model):
     preemptions_delta = models.FloatField(default=0.0)
     evictions_delta = models.FloatField(default=0.0)
     interval_s = models.FloatField(default=0.0)
+    # The gateway's KV-event stream state for the worker (live, waiting, silent, stale,
+    # broken; "" when no gateway view was available).
+    events_state = models.CharField(max_length=16, blank=True, default="")
 
     class Meta:
         indexes = [models.Index(fields=["worker_id", "ts"], name="telemetry_fleet_worker_ts")]

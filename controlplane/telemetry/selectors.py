@@ -108,6 +108,7 @@ def fleet_point(s: FleetSample) -> dict[str, Any]:
         ),
         "preemptions_per_s": s.preemptions_delta / s.interval_s if s.interval_s else 0.0,
         "evictions_per_s": s.evictions_delta / s.interval_s if s.interval_s else 0.0,
+        "events_state": s.events_state,
     }
 
 

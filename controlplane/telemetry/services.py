@@ -179,12 +179,15 @@ def fleet_sample_record(
     metrics: WorkerMetrics | None,
     error: str = "",
     evictions_total: float | None = None,
+    events_state: str = "",
 ) -> FleetSample:
     """Store one scrape of one worker, with counter deltas against its previous sample."""
     prev = FleetSample.objects.filter(worker_id=worker_id, ok=True).order_by("-ts").first()
     ts = dt_from_s(now_s)
     if metrics is None:
-        return FleetSample.objects.create(worker_id=worker_id, ts=ts, ok=False, error=error[:300])
+        return FleetSample.objects.create(
+            worker_id=worker_id, ts=ts, ok=False, error=error[:300], events_state=events_state
+        )
     prev_evict = prev.evictions_total if prev is not None else None
     return FleetSample.objects.create(
         worker_id=worker_id,
@@ -197,6 +200,7 @@ def fleet_sample_record(
         prefix_queries_total=metrics.prefix_queries_total,
         preemptions_total=metrics.preemptions_total,
         evictions_total=evictions_total,
+        events_state=events_state[:16],
         prefix_hits_delta=_delta(metrics.prefix_hits_total, prev and prev.prefix_hits_total),
         prefix_queries_delta=_delta(
             metrics.prefix_queries_total, prev and prev.prefix_queries_total

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -29,8 +31,43 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREEMPTIONS = ("vllm:num_preemptions_total",)
-# The gateway's count of BlockRemoved events it applied, per worker (label `worker`).
+# The gateway's count of BlockRemoved events it applied, per worker (label `worker`), and
+# its KV-event stream state per worker (labels `worker`, `state`; value 1).
 GATEWAY_BLOCKS_REMOVED = "kvroute_kv_blocks_removed_total"
+GATEWAY_EVENTS_STATE = "kvroute_gateway_worker_events_state"
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayView:
+    """What the gateway knows per worker that /metrics of the worker does not say:
+    BlockRemoved counts (evictions) and the KV-event stream state."""
+
+    blocks_removed: Mapping[str, float] = field(default_factory=dict)
+    events_state: Mapping[str, str] = field(default_factory=dict)
+
+
+def gateway_view_from_metrics(text: str) -> GatewayView:
+    removed: dict[str, float] = {}
+    states: dict[str, str] = {}
+    for line in text.splitlines():
+        for metric in (GATEWAY_BLOCKS_REMOVED, GATEWAY_EVENTS_STATE):
+            if not line.startswith(metric + "{"):
+                continue
+            close = line.rfind("}")
+            labels = dict(_LABEL_RE.findall(line[len(metric) + 1 : close]))
+            try:
+                value = float(line[close + 1 :].split()[0])
+            except (ValueError, IndexError):
+                continue
+            worker = labels.get("worker")
+            if worker is None:
+                continue
+            if metric == GATEWAY_BLOCKS_REMOVED:
+                removed[worker] = removed.get(worker, 0.0) + value
+            elif value == 1 and "state" in labels:
+                states[worker] = labels["state"]
+    return GatewayView(blocks_removed=removed, events_state=states)
 
 
 def channel_publish(message: dict[str, Any]) -> None:
@@ -94,27 +131,6 @@ def parse_metric_sums(text: str) -> dict[str, float]:
     return out
 
 
-def parse_labelled(text: str, *, metric: str, label: str) -> dict[str, float]:
-    """Values of one metric keyed by one label's value."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith(metric + "{"):
-            continue
-        close = line.rfind("}")
-        labels = line[len(metric) + 1 : close]
-        key = None
-        for part in labels.split(","):
-            k, _, v = part.partition("=")
-            if k.strip() == label:
-                key = v.strip().strip('"')
-        try:
-            if key is not None:
-                out[key] = out.get(key, 0.0) + float(line[close + 1 :].split()[0])
-        except (ValueError, IndexError):
-            continue
-    return out
-
-
 def _first(sums: Mapping[str, float], names: Sequence[str]) -> float:
     for n in names:
         if n in sums:
@@ -148,12 +164,12 @@ def scrape_fleet_run(
     now_s: float | None = None,
     publish: Callable[[dict], None] | None = None,
     gateway_metrics_url: str | None = None,
-    evictions_getter: Callable[[], Mapping[str, float]] | None = None,
+    gateway_getter: Callable[[], GatewayView] | None = None,
     timeout_s: float = 2.0,
 ) -> list[Any]:
-    """Scrape every worker's /metrics once and store one FleetSample each. Evictions come
-    from the gateway's per-worker BlockRemoved counter: read in-process through
-    `evictions_getter`, or from its /gateway/metrics page at `gateway_metrics_url`."""
+    """Scrape every worker's /metrics once and store one FleetSample each. Evictions and
+    the KV-event stream state come from the gateway: read in-process through
+    `gateway_getter`, or from its /gateway/metrics page at `gateway_metrics_url`."""
     targets = fleet_targets() if targets is None else targets
     now_s = time.time() if now_s is None else now_s
     gateway_metrics_url = (
@@ -161,14 +177,14 @@ def scrape_fleet_run(
     )
     samples = []
     with httpx.Client(timeout=timeout_s) as client:
-        evictions: dict[str, float] = {}
-        if evictions_getter is not None:
-            evictions = dict(evictions_getter())
+        gw = GatewayView()
+        if gateway_getter is not None:
+            gw = gateway_getter()
         elif gateway_metrics_url:
             try:
                 resp = client.get(gateway_metrics_url)
                 resp.raise_for_status()
-                evictions = parse_labelled(resp.text, metric=GATEWAY_BLOCKS_REMOVED, label="worker")
+                gw = gateway_view_from_metrics(resp.text)
             except httpx.HTTPError as exc:
                 logger.warning("gateway metrics unavailable at %s: %s", gateway_metrics_url, exc)
         for worker_id, base_url in targets:
@@ -185,7 +201,8 @@ def scrape_fleet_run(
                     now_s=now_s,
                     metrics=metrics,
                     error=error,
-                    evictions_total=evictions.get(worker_id),
+                    evictions_total=gw.blocks_removed.get(worker_id),
+                    events_state=gw.events_state.get(worker_id, ""),
                 )
             )
     if publish is not None and samples:

@@ -67,12 +67,18 @@ def test_scrape_records_gauges_counter_deltas_and_evictions(metrics_server: str)
     targets = [("sim-0", metrics_server), ("dead", "http://127.0.0.1:9")]
     gw = f"{metrics_server}/gateway/metrics"
     Pages.worker = vllm_metrics(running=3, waiting=2, kv=0.5, hits=100, queries=400, preempt=1)
-    Pages.gateway = 'kvroute_kv_blocks_removed_total{worker="sim-0"} 40\n'
+    Pages.gateway = (
+        'kvroute_kv_blocks_removed_total{worker="sim-0"} 40\n'
+        'kvroute_gateway_worker_events_state{worker="sim-0",state="live"} 1\n'
+    )
     sent: list[dict] = []
     tasks.scrape_fleet_run(targets=targets, now_s=T0, gateway_metrics_url=gw, publish=sent.append)
 
     Pages.worker = vllm_metrics(running=4, waiting=0, kv=0.75, hits=300, queries=800, preempt=3)
-    Pages.gateway = 'kvroute_kv_blocks_removed_total{worker="sim-0"} 100\n'
+    Pages.gateway = (
+        'kvroute_kv_blocks_removed_total{worker="sim-0"} 100\n'
+        'kvroute_gateway_worker_events_state{worker="sim-0",state="silent"} 1\n'
+    )
     tasks.scrape_fleet_run(
         targets=targets, now_s=T0 + 5, gateway_metrics_url=gw, publish=sent.append
     )
@@ -81,6 +87,7 @@ def test_scrape_records_gauges_counter_deltas_and_evictions(metrics_server: str)
     assert (s.running, s.waiting, s.kv_usage_frac) == (4, 0, 0.75)
     assert (s.prefix_hits_delta, s.prefix_queries_delta, s.preemptions_delta) == (200, 400, 2)
     assert s.evictions_delta == 60 and s.interval_s == 5
+    assert s.events_state == "silent"
     point = selectors.fleet_point(s)
     assert point["prefix_hit_rate"] == 0.5 and point["evictions_per_s"] == 12.0
 
@@ -107,9 +114,12 @@ def test_metric_parsing_sums_engines_and_reads_labels() -> None:
     assert m.running == 3 and m.waiting == 2 and m.kv_usage_frac == 0.5
     old = text.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
     assert tasks.worker_metrics_from_text(old).kv_usage_frac == 0.5
-    labelled = tasks.parse_labelled(
-        'kvroute_kv_blocks_removed_total{worker="a"} 3\nkvroute_kv_blocks_removed_total{worker="b"} 4.5\n',
-        metric="kvroute_kv_blocks_removed_total",
-        label="worker",
+    view = tasks.gateway_view_from_metrics(
+        'kvroute_kv_blocks_removed_total{worker="a"} 3\n'
+        'kvroute_kv_blocks_removed_total{worker="b"} 4.5\n'
+        'kvroute_gateway_worker_events_state{worker="a",state="live"} 1\n'
+        'kvroute_gateway_worker_events_state{worker="b",state="none"} 1\n'
+        "kvroute_gateway_index_entries 12\n"
     )
-    assert labelled == {"a": 3.0, "b": 4.5}
+    assert view.blocks_removed == {"a": 3.0, "b": 4.5}
+    assert view.events_state == {"a": "live", "b": "none"}
