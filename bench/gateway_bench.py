@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
@@ -50,6 +51,9 @@ SYSTEMS = [
     )
     for t in range(8)
 ]
+
+
+ERRORS: collections.Counter[str] = collections.Counter()
 
 
 def cpu_s(pid: int) -> float:
@@ -152,7 +156,8 @@ async def one_request(pool: Pool, request: bytes) -> tuple[float, float] | None:
     t0 = time.perf_counter()
     try:
         conn = await pool.get()
-    except OSError:
+    except OSError as exc:
+        ERRORS[f"connect {type(exc).__name__}: {str(exc)[:60]}"] += 1
         return None
     reader, writer = conn
     try:
@@ -177,7 +182,8 @@ async def one_request(pool: Pool, request: bytes) -> tuple[float, float] | None:
         e2e = time.perf_counter() - t0
         pool.put(conn)
         return (ttft or e2e), e2e
-    except Exception:
+    except Exception as exc:
+        ERRORS[f"{type(exc).__name__}: {str(exc)[:60]}"] += 1
         writer.close()
         return None
 
@@ -528,7 +534,11 @@ def main() -> None:
         "routing_overhead_8k_p50_us": (overhead["plan_8k_token_ids_p50_us"], 1000.0),
     }
     print()
-    print(f"cores: {os.cpu_count()} (shared by the workers, the gateway and this load generator)")
+    load = os.getloadavg()
+    print(
+        f"cores: {os.cpu_count()} (shared by the workers, the gateway and this load generator); "
+        f"load average during the run: {load[0]:.1f} / {load[1]:.1f} (1 / 5 min)"
+    )
     print(
         "| rate req/s | direct TTFT p50 / p99 ms | gateway TTFT p50 / p99 ms | added p50 / p99 ms | failed |"
     )
@@ -554,6 +564,8 @@ def main() -> None:
     print(
         f"builtin tokenize + plan, {overhead['text_prompt_tokens']}-token text prompt: p50 {overhead['tokenize_and_plan_8k_text_p50_us']:.0f} us"
     )
+    if ERRORS:
+        print("client-side failures:", dict(ERRORS.most_common(5)))
     print()
     for name, (value, limit) in targets.items():
         print(f"target {name}: {value:.2f} <= {limit}: {'met' if value <= limit else 'MISSED'}")
@@ -563,11 +575,13 @@ def main() -> None:
             {
                 "command": "python bench/gateway_bench.py" + (" --quick" if args.quick else ""),
                 "cpu_count": os.cpu_count(),
+                "loadavg_1m_5m": list(os.getloadavg()[:2]),
                 "phase_s": phase_s,
                 "ttft": rows,
                 "open_loop": results["open_loop"],
                 "closed_loop": cl,
                 "routing_overhead": overhead,
+                "client_errors": dict(ERRORS),
                 "targets": {
                     k: {"value": v, "limit": lim, "met": v <= lim}
                     for k, (v, lim) in targets.items()

@@ -127,6 +127,15 @@ class LeanTransport(httpx.AsyncBaseTransport):
         else:
             conn[1].close()
 
+    def _take_idle(self, key: tuple[str, int]) -> Conn | None:
+        idle = self._idle.get(key)
+        while idle:
+            reader, writer = conn = idle.pop()
+            if not writer.is_closing() and not reader.at_eof():
+                return conn
+            writer.close()
+        return None
+
     async def _connect(self, request: httpx.Request, key: tuple[str, int]) -> Conn:
         try:
             async with asyncio.timeout(_timeout(request, "connect")):
@@ -163,11 +172,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
         key = (request.url.host, request.url.port or 80)
         body = await request.aread()
         payload = self._head(request, body)
-        idle = self._idle.get(key)
-        # A pooled connection may have been closed by the server meanwhile: one fresh retry.
+        # A pooled connection may have been closed by the server meanwhile (keep-alive
+        # timeout): skip the ones known dead, and retry once on a fresh connection.
         for attempt in range(2):
-            reused = bool(idle)
-            conn = idle.pop() if idle else await self._connect(request, key)
+            conn = self._take_idle(key) if attempt == 0 else None
+            reused = conn is not None
+            if conn is None:
+                conn = await self._connect(request, key)
             reader, writer = conn
             try:
                 writer.write(payload)
@@ -182,7 +193,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
             except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
                 writer.close()
                 if reused and attempt == 0:
-                    idle = self._idle.get(key)
                     continue
                 raise httpx.RemoteProtocolError(
                     f"upstream closed the connection: {exc}", request=request
