@@ -196,9 +196,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             max_model_len=args.max_model_len,
         )
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = simulate(reqs, config=cfg)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         label = args.label or f"sim {args.workload} {policy} x{args.engines} {args.profile}"
         if len(args.policy) > 1:
             label = f"sim {args.workload} {policy} x{args.engines} {args.profile}"
@@ -209,6 +209,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             oracle_hit_rate=oracle_hit_rate(reqs, block_size=out.block_size).hit_rate,
             extra={
                 "wall_s": wall,
+                "cpu_s": cpu,
                 "virtual_s": out.virtual_s,
                 "engines": args.engines,
                 "policy": policy,
@@ -220,7 +221,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
         )
         print(report.summary_table(summ))
         print(
-            f"simulated {out.virtual_s:,.1f} s of virtual time in {wall:.1f} s wall "
+            f"simulated {out.virtual_s:,.1f} s of virtual time in {wall:.1f} s wall, {cpu:.1f} s CPU "
             f"({out.virtual_s / max(wall, 1e-9):,.0f}x real time); requests per engine "
             f"{out.per_engine_requests}"
         )

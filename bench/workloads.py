@@ -39,13 +39,13 @@ from typing import Any
 from routing.core.blocks import ROOT_KEY, token_block_keys
 
 # Token ids live in [TOKEN_LO, TOKEN_LO + TOKEN_SPAN): clear of the low ids a tokenizer keeps for
-# bytes/special tokens and below the simulated engine's builtin vocabulary size.
+# bytes/special tokens and below the simulated engine's builtin vocabulary size (32,000). A token
+# is two bytes of SHAKE-128 output: the low byte as drawn, the high byte mapped into [1, 117).
 TOKEN_LO = 256
-TOKEN_SPAN = 30000
+_HIGH_BYTES = 116
+TOKEN_SPAN = _HIGH_BYTES * 256
 MOONCAKE_BLOCK_TOKENS = 512
-# Shared int objects: cached segments then hold 8-byte references, not 28-byte ints each.
-# Indexed by a uniform 16-bit draw: TOKEN_LO + draw % TOKEN_SPAN.
-_TOKEN_TABLE = tuple(TOKEN_LO + v % TOKEN_SPAN for v in range(1 << 16))
+_HIGH_MAP = bytes(1 + b % _HIGH_BYTES for b in range(256))
 DEFAULT_TRACE = Path(__file__).resolve().parent / "traces" / "mooncake_synthetic_trace.jsonl"
 
 
@@ -58,7 +58,7 @@ class Segment:
     length: int
     literal: tuple[int, ...] | None = None
 
-    def tokens(self, seed: int) -> tuple[int, ...]:
+    def tokens(self, seed: int) -> Sequence[int]:
         return (
             self.literal
             if self.literal is not None
@@ -66,19 +66,23 @@ class Segment:
         )
 
 
-@lru_cache(maxsize=16384)
-def segment_tokens(seed: int, label: str, length: int) -> tuple[int, ...]:
-    """The ``length`` token ids of segment ``label`` under ``seed`` (pure function of its inputs).
+@lru_cache(maxsize=32768)
+def segment_tokens(seed: int, label: str, length: int) -> Sequence[int]:
+    """The ``length`` token ids of segment ``label`` under ``seed`` (pure function of its inputs),
+    as a read-only-by-convention ``array('H')`` (compact, and fast to copy into a list).
 
     A shorter length gives a prefix of a longer one, so a trace's cut last block is a prefix of
     the same block in full.
     """
     if length <= 0:
-        return ()
-    raw = array("H", hashlib.shake_128(f"{seed}:{label}".encode()).digest(2 * length))
+        return array("H")
+    # Byte-level mapping (no per-token Python work): about 5x faster than mapping each draw.
+    raw = bytearray(hashlib.shake_128(f"{seed}:{label}".encode()).digest(2 * length))
+    raw[1::2] = raw[1::2].translate(_HIGH_MAP)
+    tokens = array("H", raw)
     if sys.byteorder == "big":  # pragma: no cover - tokens must not depend on the host
-        raw.byteswap()
-    return tuple(map(_TOKEN_TABLE.__getitem__, raw))
+        tokens.byteswap()
+    return tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,7 @@ class BenchRequest:
                     keys.extend(seg_keys)
                     parent = seg_keys[-1]
                 continue
-            carry.extend(s.tokens(self.seed))
+            carry.extend(s.tokens(self.seed))  # list.extend takes the array as it is
             full = len(carry) // block_size
             if full:
                 seg_keys = token_block_keys(carry[: full * block_size], block_size, parent=parent)
@@ -137,7 +141,7 @@ class BenchRequest:
 def _aligned_keys(
     seed: int, label: str, length: int, block_size: int, parent: int
 ) -> tuple[int, ...]:
-    return token_block_keys(segment_tokens(seed, label, length), block_size, parent=parent)
+    return token_block_keys(segment_tokens(seed, label, length).tolist(), block_size, parent=parent)  # type: ignore[attr-defined]
 
 
 # ---------------------------------------------------------------------------- generators
