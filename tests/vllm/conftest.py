@@ -214,7 +214,7 @@ def start_agent(stack: Stack, vllm_env: VllmEnv, *, name: str, spec: LaunchSpec)
             "--heartbeat-s",
             "1",
             "--drain-timeout-s",
-            "30",
+            "120",
         ],
         log_path=vllm_env.log_dir / f"{name}-agent.log",
     )
