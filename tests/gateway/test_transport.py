@@ -79,9 +79,12 @@ async def test_framing_and_keep_alive_reuse() -> None:
 
 
 async def test_streamed_chunks_arrive_separately() -> None:
-    async with RawServer([CHUNKED]) as url, httpx.AsyncClient(transport=LeanTransport()) as client:
-        async with client.stream("GET", url) as resp:
-            chunks = [c async for c in resp.aiter_raw()]
+    async with (
+        RawServer([CHUNKED]) as url,
+        httpx.AsyncClient(transport=LeanTransport()) as client,
+        client.stream("GET", url) as resp,
+    ):
+        chunks = [c async for c in resp.aiter_raw()]
     assert chunks == [b"hello", b" world!"]
 
 
