@@ -82,6 +82,9 @@ def test_malformed_records_are_rejected_with_the_field() -> None:
         rollups.normalize_record({"request_id": "x", "model": "m"})
     with pytest.raises(rollups.MalformedRecord, match="ttft_ms"):
         rollups.normalize_record(make_record(1, ttft_ms="fast"))
+    with pytest.raises(rollups.MalformedRecord, match="block_keys"):
+        rollups.normalize_record(make_record(1, block_keys=[1, True]))
+    assert rollups.normalize_record(make_record(1, block_keys=[1, 2]))["block_keys"] == [1, 2]
 
 
 @pytest.mark.django_db(transaction=True)
