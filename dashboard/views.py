@@ -22,6 +22,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.common.auth import OPERATOR, READ, Actor
@@ -40,6 +41,15 @@ def _actor(request: HttpRequest) -> Actor:
     return Actor(label=f"user:{user.get_username()}", scope=OPERATOR if user.is_staff else READ)
 
 
+def _safe_next(request: HttpRequest, target: str | None, *, default: str) -> str:
+    """Where to go back to: only this site's own URLs (no open redirect)."""
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return target
+    return default
+
+
 def operator_post(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """POST only, logged in, staff; ServiceErrors become a flash message and a redirect back."""
 
@@ -53,7 +63,8 @@ def operator_post(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
         except ServiceError as exc:
             where = f" ({exc.field})" if exc.field else ""
             messages.error(request, f"{exc.message}{where}")
-            return redirect(request.POST.get("next") or request.META.get("HTTP_REFERER") or "/")
+            back = request.POST.get("next") or request.META.get("HTTP_REFERER")
+            return redirect(_safe_next(request, back, default="/"))
 
     wrapped.__name__ = view.__name__
     wrapped.__doc__ = view.__doc__
@@ -175,7 +186,9 @@ def worker_action(request: HttpRequest, name: str, action: str) -> HttpResponse:
         raise Http404(f"Unknown worker action {action!r}.")
     fn(name=name, actor=_actor(request))
     messages.success(request, f"Worker {name}: {action} done.")
-    return redirect(request.POST.get("next") or reverse("dashboard:workers"))
+    return redirect(
+        _safe_next(request, request.POST.get("next"), default=reverse("dashboard:workers"))
+    )
 
 
 # --- policy tuning ---------------------------------------------------------------------
@@ -287,7 +300,11 @@ def policy_activate(request: HttpRequest, name: str) -> HttpResponse:
         request,
         f"{name} v{number} is active." if changed else f"{name} v{number} was already active.",
     )
-    return redirect(request.POST.get("next") or reverse("dashboard:policy", args=[name]))
+    return redirect(
+        _safe_next(
+            request, request.POST.get("next"), default=reverse("dashboard:policy", args=[name])
+        )
+    )
 
 
 @operator_post

@@ -75,6 +75,11 @@ def test_workers_table_and_drain_enable(ops_client: Client, viewer_client: Clien
     assert Worker.objects.get(name="sim-0").state == "draining"
     ops_client.post("/workers/sim-0/enable/")
     assert Worker.objects.get(name="sim-0").state == "active"
+    # "next" only ever sends the operator back into this site.
+    resp = ops_client.post("/workers/sim-0/drain/", {"next": "https://evil.example/"})
+    assert resp["Location"] == "/workers/"
+    resp = ops_client.post("/workers/sim-0/enable/", {"next": "/workers/sim-0/"})
+    assert resp["Location"] == "/workers/sim-0/"
     assert ops_client.post("/workers/nope/drain/").status_code == 302  # flashed NotFound
     assert ops_client.get("/workers/sim-0/").status_code == 200
     assert ops_client.get("/workers/nope/").status_code == 404
