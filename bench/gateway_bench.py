@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import os
 import random
@@ -382,6 +383,12 @@ def main() -> None:
     ap.add_argument("--snapshot", default="")
     ap.add_argument("--count", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="short phases (for a smoke run)")
+    ap.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run every process in its own session with this niceness (negative needs root)",
+    )
     args = ap.parse_args()
     if args.role == "fleet":
         return role_fleet(args)
@@ -389,16 +396,34 @@ def main() -> None:
         return role_gateway(args)
 
     phase_s = 4.0 if args.quick else 12.0
+    if args.nice:
+        # The load generator too: it times both paths, so it must not be starved either.
+        with contextlib.suppress(OSError):
+            os.setsid()
+        os.nice(args.nice)
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(str(args.nice))
     print("routing overhead (in-process) ...", flush=True)
     overhead = routing_overhead(samples=50 if args.quick else 300)
 
     tmp = Path(tempfile.mkdtemp(prefix="gwbench-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_SETTINGS_MODULE": "controlplane.settings"}
     me = [sys.executable, str(Path(__file__).resolve())]
+
+    def isolate() -> None:
+        # Its own session (scheduler autogroup) and a raised priority: the machine is shared
+        # with other people's processes, and both paths (direct and gateway) get the same.
+        os.setsid()
+        if args.nice:
+            os.nice(args.nice)
+            with contextlib.suppress(OSError):
+                Path("/proc/self/autogroup").write_text(str(args.nice))
+
     fleet = subprocess.Popen(
         [*me, "--role", "fleet", "--count", str(args.count), "--out", str(tmp / "fleet.json")],
         stdin=subprocess.PIPE,
         env=env,
+        preexec_fn=isolate,
     )
     gateway = None
     try:
@@ -451,6 +476,7 @@ def main() -> None:
                 str(tmp / "port"),
             ],
             env=env,
+            preexec_fn=isolate,
         )
         while not (tmp / "port").exists() or not (tmp / "port").read_text():
             time.sleep(0.05)
@@ -573,7 +599,9 @@ def main() -> None:
     RESULTS.write_text(
         json.dumps(
             {
-                "command": "python bench/gateway_bench.py" + (" --quick" if args.quick else ""),
+                "command": "python bench/gateway_bench.py"
+                + (" --quick" if args.quick else "")
+                + (f" --nice={args.nice}" if args.nice else ""),
                 "cpu_count": os.cpu_count(),
                 "loadavg_1m_5m": list(os.getloadavg()[:2]),
                 "phase_s": phase_s,
