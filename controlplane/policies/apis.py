@@ -220,7 +220,8 @@ class ModelListApi(ApiView):
 class ModelDetailApi(ApiView):
     @extend_schema(
         tags=["models"],
-        responses={200: ModelRouteSerializer, **ERRORS},
+        # 404 only for a path no model name can take (model names have no whitespace).
+        responses={200: ModelRouteSerializer, **ERRORS, **NOT_FOUND},
         description="The model's active version and its activation history, newest first.",
     )
     def get(self, request: Request, model: str) -> Response:
