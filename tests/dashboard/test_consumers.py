@@ -19,6 +19,20 @@ from tests.controlplane.telemetry.test_drain import make_record
 APP = URLRouter(websocket_urlpatterns)
 
 
+async def in_thread(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+    """Run sync DB code in a worker thread and close that thread's connection after (an
+    open one would block dropping the Postgres test database)."""
+    from django.db import connections
+
+    def run():  # type: ignore[no-untyped-def]
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return await asyncio.to_thread(run)
+
+
 def communicator(user: object) -> WebsocketCommunicator:
     comm = WebsocketCommunicator(APP, "/ws/dashboard/")
     comm.scope["user"] = user
@@ -72,14 +86,14 @@ async def test_embedded_scheduler_pushes_drained_minutes_to_the_socket() -> None
     scheduler = EmbeddedScheduler(
         source=MemorySinkSource(sink, name="m"), loop=asyncio.get_running_loop(), targets=[]
     )
-    ran = await asyncio.to_thread(scheduler.run_due, now_s=0.0)
+    ran = await in_thread(scheduler.run_due, now_s=0.0)
     assert ran == ["drain_request_stream", "scrape_fleet", "experiment_results", "retention"]
     assert all(j.failures == 0 for j in scheduler.jobs), [j.last_error for j in scheduler.jobs]
     got = await comm.receive_json_from(timeout=3)
     assert got["kind"] == "overview"
     assert [p["requests"] for p in got["points"]] == [10, 10]  # two 10 s buckets
     # Nothing is due again before the interval passes.
-    assert await asyncio.to_thread(scheduler.run_due, now_s=0.1) == []
+    assert await in_thread(scheduler.run_due, now_s=0.1) == []
     await comm.disconnect()
 
 
@@ -115,7 +129,7 @@ async def test_celery_style_publish_through_redis_reaches_the_socket(
         finally:
             source.close()
 
-    assert await asyncio.to_thread(celery_worker) == 5
+    assert await in_thread(celery_worker) == 5
     got = await comm.receive_json_from(timeout=5)
     assert got["kind"] == "overview" and sum(p["requests"] for p in got["points"]) == 5
     await comm.disconnect()
