@@ -31,6 +31,7 @@ case "$(uname -s)/$(uname -m)" in
 esac
 
 now_s() { date +%s; }
+abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 t0=$(now_s)
 
 echo "== vLLM CPU venv ($VENV_VLLM)"
@@ -57,8 +58,8 @@ echo "== tiny model ($MODEL_DIR)"
 t2=$(now_s)
 
 echo "== pytest -m vllm (real vLLM CPU engines)"
-export KVROUTE_VLLM_PYTHON="$PWD/$VENV_VLLM/bin/python"
-export KVROUTE_TINY_MODEL_DIR="$PWD/$MODEL_DIR"
+export KVROUTE_VLLM_PYTHON="$(abspath "$VENV_VLLM")/bin/python"
+export KVROUTE_TINY_MODEL_DIR="$(abspath "$MODEL_DIR")"
 # In this tier a missing engine is a failure, not a skip.
 export KVROUTE_VLLM_REQUIRED=1
 # Engine, agent and gateway logs stay here after a failure (failures also quote their tails).
