@@ -195,6 +195,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             seed=args.seed,
             concurrency=args.concurrency,
             max_model_len=args.max_model_len,
+            scrape_interval_s=args.scrape_interval_s,
         )
         t0, c0 = time.perf_counter(), time.process_time()
         out = simulate(reqs, config=cfg)
@@ -319,6 +320,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--profile", default="h100-8b")
         p.add_argument("--max-model-len", type=int, help="override the profile's max_model_len")
         p.add_argument("--params", help="policy parameters as a JSON object")
+        p.add_argument(
+            "--scrape-interval-s",
+            type=float,
+            default=1.0,
+            help="model seconds between the gateway's worker-metrics scrapes (0: always fresh)",
+        )
         p.add_argument("--concurrency", type=int, help="closed loop with this many clients")
         p.add_argument("--html", help="write a self-contained Plotly report here")
         p.add_argument("--label")
