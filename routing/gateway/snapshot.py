@@ -204,13 +204,25 @@ class HttpSnapshotSource:
         self._client = client
         self._own_client = client is None
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._etag: str | None = None
+        self._doc: Mapping[str, Any] | None = None
+        self.not_modified = 0
 
     async def __call__(self) -> Mapping[str, Any]:
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=5.0)
-        resp = await self._client.get(self.url, headers=self._headers, timeout=5.0)
+        headers = dict(self._headers)
+        if self._etag and self._doc is not None:
+            # The control plane answers 304 when the revision (its ETag) is unchanged.
+            headers["If-None-Match"] = self._etag
+        resp = await self._client.get(self.url, headers=headers, timeout=5.0)
+        if resp.status_code == 304 and self._doc is not None:
+            self.not_modified += 1
+            return self._doc
         resp.raise_for_status()
-        return resp.json()
+        self._doc = resp.json()
+        self._etag = resp.headers.get("etag")
+        return self._doc
 
     async def aclose(self) -> None:
         if self._own_client and self._client is not None:

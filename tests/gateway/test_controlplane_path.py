@@ -4,6 +4,7 @@ follows policy changes made through the control plane's services."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 import time
@@ -80,6 +81,34 @@ def test_product_app_routes_with_the_control_planes_snapshot(fleet_factory: Any)
                 break
             assert time.monotonic() < deadline, "gateway did not pick up the new active version"
             time.sleep(0.1)
+
+        # A gateway in another process reads the same snapshot over HTTP with a read token.
+        from controlplane.common.services import api_token_create
+        from routing.gateway.consumers import GatewayHandle
+        from routing.gateway.routing import gateway_app
+        from routing.gateway.serve import ServerThread
+        from routing.gateway.snapshot import HttpSnapshotSource
+        from routing.gateway.state import build_gateway_state
+
+        _, secret = api_token_create(name="gateway-b", scope="read")
+        remote_cfg = GatewayConfig(
+            control_plane_url=server.url, control_plane_token=secret, metrics_interval_s=0
+        )
+        remote = GatewayHandle(lambda: build_gateway_state(remote_cfg), config=remote_cfg)
+        other = ServerThread(gateway_app(remote)).start()
+        try:
+            resp = post(other.url, "/v1/chat/completions", chat_body("over http"))
+            assert resp.status_code == 200, resp.text
+            assert resp.headers["x-kvroute-policy"] == "kv-default@2"
+            source = remote.state.refresher._source
+            assert isinstance(source, HttpSnapshotSource)
+            revision = remote.state.snapshot.revision
+            fut = asyncio.run_coroutine_threadsafe(remote.state.refresher.refresh(), other.loop)
+            assert fut.result(5) is True
+            assert source.not_modified >= 1  # answered 304: the same document is kept
+            assert remote.state.snapshot.revision == revision
+        finally:
+            other.stop()
 
         # Django still serves everything that is not the gateway's.
         assert httpx.get(server.url + "/api/routing-snapshot/").status_code in (200, 401, 403)
