@@ -107,7 +107,7 @@ def check_api_key(config: GatewayConfig, headers: dict[str, str]) -> str | None:
     return tenant
 
 
-class GatewayConsumer(AsyncHttpConsumer):
+class GatewayConsumer(AsyncHttpConsumer):  # type: ignore[misc]
     """Base: no channel layer (nothing here is addressed through one) and no per-message
     database housekeeping (the gateway never touches the ORM per request)."""
 
@@ -115,6 +115,7 @@ class GatewayConsumer(AsyncHttpConsumer):
 
     def __init__(self, *, handle: GatewayHandle) -> None:
         super().__init__()
+        self.body: list[bytes] = []
         self.handle = handle
         self._task: asyncio.Task[None] | None = None
         self._size = 0
@@ -329,7 +330,8 @@ class CompletionsConsumer(GatewayConsumer):
         if plan is None:
             return
         ref = plan.policy_ref
-        decision = plan.decision.to_dict()
+        candidates = plan.decision.to_dict()["candidates"]
+        assert isinstance(candidates, list)
         state.records.submit(
             {
                 "request_id": request_id,
@@ -355,7 +357,7 @@ class CompletionsConsumer(GatewayConsumer):
                 "retries": outcome.retries,
                 "routing_overhead_us": round(overhead_us, 1),
                 "stream": parsed.stream,
-                "candidates": decision["candidates"][:3],  # type: ignore[index]
+                "candidates": candidates[:3],
                 "reason": plan.decision.reason,
                 # Lets telemetry's what-if replay the request's prefix sharing offline.
                 "block_keys": list(plan.features.block_keys),

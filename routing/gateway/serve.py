@@ -22,7 +22,7 @@ import asyncio
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -33,7 +33,7 @@ def _default_app() -> Any:
     return application
 
 
-def _config(app: Any, *, log_level: str, lifespan: str) -> uvicorn.Config:
+def _config(app: Any, *, log_level: str, lifespan: Literal["auto", "on", "off"]) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         log_level=log_level,
@@ -55,7 +55,7 @@ class ServerThread:
         host: str = "127.0.0.1",
         port: int = 0,
         log_level: str = "warning",
-        lifespan: str = "on",
+        lifespan: Literal["auto", "on", "off"] = "on",
     ) -> None:
         # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose
         # proto says TCP, and without it Nagle + delayed ACK add ~40 ms per keep-alive reply.
@@ -105,7 +105,7 @@ def serve_in_thread(
     host: str = "127.0.0.1",
     port: int = 0,
     log_level: str = "warning",
-    lifespan: str = "on",
+    lifespan: Literal["auto", "on", "off"] = "on",
 ) -> ServerThread:
     """Start uvicorn for `app` (default: `controlplane.asgi.application`) in a daemon thread
     and return once it accepts connections. `port=0` picks a free port (see `.url`).

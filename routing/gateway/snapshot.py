@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,9 +220,10 @@ class HttpSnapshotSource:
             self.not_modified += 1
             return self._doc
         resp.raise_for_status()
-        self._doc = resp.json()
+        doc: Mapping[str, Any] = resp.json()
+        self._doc = doc
         self._etag = resp.headers.get("etag")
-        return self._doc
+        return doc
 
     async def aclose(self) -> None:
         if self._own_client and self._client is not None:
@@ -238,7 +239,8 @@ class InProcessSnapshotSource:
 
         from controlplane.snapshot import routing_snapshot
 
-        return await database_sync_to_async(routing_snapshot)()
+        doc: Mapping[str, Any] = await database_sync_to_async(routing_snapshot)()
+        return doc
 
 
 class SnapshotRefresher:
@@ -323,8 +325,8 @@ class SnapshotRefresher:
             finally:
                 await client.aclose()
 
-    def tasks(self) -> list[Callable[[], Awaitable[None]]]:
-        runners: list[Callable[[], Awaitable[None]]] = [self.run_poller]
+    def tasks(self) -> list[Callable[[], Coroutine[Any, Any, None]]]:
+        runners: list[Callable[[], Coroutine[Any, Any, None]]] = [self.run_poller]
         if self._listen_channel_layer:
             runners.append(self.run_channel_layer_listener)
         if self._redis_url:

@@ -19,7 +19,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -157,8 +157,8 @@ class GatewayState:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    def _spawn(self, fn: Callable[[], Awaitable[None]], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(fn(), name=name)  # type: ignore[arg-type]
+    def _spawn(self, fn: Callable[[], Coroutine[Any, Any, None]], name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(fn(), name=name)
         self._tasks.append(task)
         return task
 

@@ -233,6 +233,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             headers.append((name, value))
         if request.method == "HEAD" or status in (204, 304) or 100 <= status < 200:
             length, chunked = 0, False
+        assert conn is not None  # the loop above either broke with a connection or raised
         stream = _Body(
             self, key, conn, request, chunked=chunked, length=length, keep_alive=keep_alive
         )
