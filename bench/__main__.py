@@ -89,7 +89,8 @@ def workload_from_args(args: argparse.Namespace) -> list[BenchRequest]:
 
 def _out_path(args: argparse.Namespace, cmd: str, suffix: str = "") -> Path:
     if args.out:
-        return Path(args.out)
+        out = Path(args.out)
+        return out.with_name(out.stem + suffix + out.suffix) if suffix else out
     return report.RESULTS_DIR / f"{cmd}-{args.workload}{suffix}.json"
 
 
