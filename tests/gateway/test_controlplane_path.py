@@ -60,6 +60,7 @@ def test_product_app_routes_with_the_control_planes_snapshot(fleet_factory: Any)
     from controlplane.asgi import application
     from routing.gateway.routing import gateway
 
+    saved_config = gateway.config
     gateway.config = GatewayConfig.from_env(
         listen_channel_layer=True, snapshot_poll_s=0.3, metrics_interval_s=0.2
     )
@@ -119,4 +120,5 @@ def test_product_app_routes_with_the_control_planes_snapshot(fleet_factory: Any)
         assert len(policies) == 2
     finally:
         server.stop()
+        gateway.config = saved_config
     assert gateway.state is None  # lifespan shutdown stopped it
