@@ -47,6 +47,12 @@ class CircuitBreakers:
         if self.state(worker_id, now_s=now_s) == HALF_OPEN:
             self._workers[worker_id].probe_in_flight = True
 
+    def release_probe(self, worker_id: str) -> None:
+        """The probe request ended without a verdict (cancelled): allow another probe."""
+        b = self._workers.get(worker_id)
+        if b is not None:
+            b.probe_in_flight = False
+
     def on_success(self, worker_id: str) -> None:
         b = self._workers.get(worker_id)
         if b is not None:

@@ -227,7 +227,9 @@ async def proxy_request(
                 await resp.aclose()
             continue
         except BaseException:
-            # Cancelled (client gone) before anything was committed.
+            # Cancelled (client gone) before anything was committed: says nothing about
+            # the worker, but a half-open probe slot must be given back.
+            state.breakers.release_probe(worker_id)
             state.load.fail(request_id, now_s=clock())
             if resp is not None:
                 await resp.aclose()

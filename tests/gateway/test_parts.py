@@ -88,6 +88,10 @@ def test_circuit_breaker_opens_probes_once_and_closes() -> None:
     assert b.state("w", now_s=6.3) == OPEN
     assert b.allows("w", now_s=11.3)
     b.on_attempt("w", now_s=11.3)
+    assert not b.allows("w", now_s=11.3)
+    b.release_probe("w")  # that probe was cancelled by its client: another may go
+    assert b.allows("w", now_s=11.3)
+    b.on_attempt("w", now_s=11.3)
     b.on_success("w")
     assert b.state("w", now_s=11.4) == CLOSED and b.allows("w", now_s=11.4)
 
