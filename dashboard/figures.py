@@ -358,3 +358,82 @@ def whatif_figure(
         }
         layout["margin"]["r"] = 56
     return {"data": data, "layout": layout}
+
+
+def whatif_surface_figure(
+    rows: Sequence[Mapping[str, Any]], *, x_param: str, y_param: str
+) -> Figure:
+    """Two heatmaps over a 2-D weight grid: predicted TTFT p99 and predicted hit rate."""
+    xs = sorted({r[x_param] for r in rows})
+    ys = sorted({r[y_param] for r in rows})
+    by_point = {(r[x_param], r[y_param]): r for r in rows}
+
+    def z(key: str) -> list[list[Any]]:
+        return [[(by_point.get((x, y)) or {}).get(key) for x in xs] for y in ys]
+
+    layout = base_layout(f"What-if surface: {x_param} x {y_param}", height_px=340)
+    layout["showlegend"] = False
+    layout["hovermode"] = "closest"
+    layout["margin"]["t"] = 72
+    layout["xaxis"].update({"domain": [0.0, 0.42], "title": {"text": x_param}, "type": "category"})
+    layout["yaxis"].update({"title": {"text": y_param}, "type": "category", "rangemode": "normal"})
+    layout["xaxis2"] = {
+        "domain": [0.56, 0.98],
+        "title": {"text": x_param},
+        "type": "category",
+        "anchor": "y2",
+    }
+    layout["yaxis2"] = {"anchor": "x2", "type": "category", "title": {"text": y_param}}
+    layout["annotations"] = [
+        {
+            "text": "predicted TTFT p99 (ms)",
+            "x": 0.21,
+            "y": 1.02,
+            "xref": "paper",
+            "yref": "paper",
+            "showarrow": False,
+            "xanchor": "center",
+            "yanchor": "bottom",
+        },
+        {
+            "text": "predicted hit rate",
+            "x": 0.77,
+            "y": 1.02,
+            "xref": "paper",
+            "yref": "paper",
+            "showarrow": False,
+            "xanchor": "center",
+            "yanchor": "bottom",
+        },
+    ]
+    return {
+        "data": [
+            {
+                "type": "heatmap",
+                "x": [str(x) for x in xs],
+                "y": [str(y) for y in ys],
+                "z": z("ttft_p99_ms"),
+                "colorscale": "YlOrRd",
+                "reversescale": True,  # plotly.js runs YlOrRd red-to-yellow; slow = red
+                "texttemplate": "%{z:.1f}",
+                "colorbar": {"x": 0.44, "thickness": 10, "title": {"text": "ms"}},
+                "hovertemplate": f"{x_param}=%{{x}}<br>{y_param}=%{{y}}<br>TTFT p99 %{{z:.1f}} ms<extra></extra>",
+            },
+            {
+                "type": "heatmap",
+                "x": [str(x) for x in xs],
+                "y": [str(y) for y in ys],
+                "z": z("hit_rate"),
+                "xaxis": "x2",
+                "yaxis": "y2",
+                "colorscale": "Blues",
+                "reversescale": True,  # plotly.js runs Blues dark-to-light; more hits = darker
+                "texttemplate": "%{z:.0%}",
+                "zmin": 0,
+                "zmax": 1,
+                "colorbar": {"x": 1.0, "thickness": 10, "tickformat": ".0%"},
+                "hovertemplate": f"{x_param}=%{{x}}<br>{y_param}=%{{y}}<br>hit rate %{{z:.1%}}<extra></extra>",
+            },
+        ],
+        "layout": layout,
+    }

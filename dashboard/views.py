@@ -320,31 +320,58 @@ def policy_rollback(request: HttpRequest, name: str) -> HttpResponse:
     return redirect(reverse("dashboard:policy", args=[name]))
 
 
+def _whatif_axis(
+    ctx: dict[str, Any], *, param: str, raw: str, field: str
+) -> tuple[list[float] | None, JsonResponse | None]:
+    """Parsed and range-checked values of one what-if axis, or a 400 naming the field."""
+    try:
+        values = [float(v) for v in raw.split(",") if v.strip()]
+    except ValueError:
+        return None, JsonResponse({field: ["Enter numbers separated by commas."]}, status=400)
+    prop = ctx["schema"]["properties"][param]
+    lo, hi = prop.get("minimum", -math.inf), prop.get("maximum", math.inf)
+    if not 2 <= len(values) <= whatif.MAX_VALUES or any(not lo <= v <= hi for v in values):
+        return None, JsonResponse(
+            {field: [f"Enter 2 to {whatif.MAX_VALUES} values of {param} within [{lo}, {hi}]."]},
+            status=400,
+        )
+    return sorted(set(values)), None
+
+
 @login_required
 @require_POST
 def policy_whatif(request: HttpRequest, name: str) -> JsonResponse:
-    """Replay the last N recorded requests offline over a grid of one weight's values."""
+    """Replay the last N recorded requests offline over a grid of one or two weights."""
     from controlplane.registry.selectors import worker_list
 
     ctx = _policy_context(request, name)
     ok, why = ctx["whatif"]
     if not ok:
         return JsonResponse({"available": False, "detail": why}, status=503)
+    choices = ", ".join(ctx["whatif_params"]) or "none (this policy has no numeric weights)"
     param = request.POST.get("param", "")
     if param not in ctx["whatif_params"]:
-        choices = ", ".join(ctx["whatif_params"]) or "none (this policy has no numeric weights)"
         return JsonResponse({"param": [f"Choose one of {choices}."]}, status=400)
-    try:
-        values = [float(v) for v in request.POST.get("values", "").split(",") if v.strip()]
-    except ValueError:
-        return JsonResponse({"values": ["Enter numbers separated by commas."]}, status=400)
-    prop = ctx["schema"]["properties"][param]
-    lo, hi = prop.get("minimum", -math.inf), prop.get("maximum", math.inf)
-    if not 2 <= len(values) <= whatif.MAX_VALUES or any(not lo <= v <= hi for v in values):
-        return JsonResponse(
-            {"values": [f"Enter 2 to {whatif.MAX_VALUES} values within [{lo}, {hi}]."]},
-            status=400,
+    values, err = _whatif_axis(ctx, param=param, raw=request.POST.get("values", ""), field="values")
+    if err is not None:
+        return err
+    grid: dict[str, list[float]] = {param: values or []}
+    param2 = request.POST.get("param2", "")
+    if param2:
+        if param2 not in ctx["whatif_params"] or param2 == param:
+            return JsonResponse(
+                {"param2": [f"Choose a second weight other than {param}: {choices}."]}, status=400
+            )
+        values2, err = _whatif_axis(
+            ctx, param=param2, raw=request.POST.get("values2", ""), field="values2"
         )
+        if err is not None:
+            return err
+        grid[param2] = values2 or []
+        if len(grid[param]) * len(grid[param2]) > whatif.MAX_POINTS:
+            return JsonResponse(
+                {"values2": [f"At most {whatif.MAX_POINTS} grid points in all."]}, status=400
+            )
     profile = request.POST.get("profile") or whatif.DEFAULT_PROFILE
     if profile not in ctx["whatif_profiles"]:
         return JsonResponse(
@@ -366,18 +393,23 @@ def policy_whatif(request: HttpRequest, name: str) -> JsonResponse:
             records=records,
             policy_type=latest.type,
             base_params=dict(latest.params),
-            param=param,
-            values=values,
+            grid=grid,
             engines=engines,
             profile=profile,
         )
     except whatif.WhatIfUnavailable as exc:
         return JsonResponse({"available": False, "detail": str(exc)}, status=409)
-    fig = figures.whatif_figure(
-        rows,
-        param=param,
-        metrics=[("ttft_p99_ms", "predicted TTFT p99 (ms)"), ("hit_rate", "predicted hit rate")],
-    )
+    if param2:
+        fig = figures.whatif_surface_figure(rows, x_param=param, y_param=param2)
+    else:
+        fig = figures.whatif_figure(
+            rows,
+            param=param,
+            metrics=[
+                ("ttft_p99_ms", "predicted TTFT p99 (ms)"),
+                ("hit_rate", "predicted hit rate"),
+            ],
+        )
     return JsonResponse(
         {
             "available": True,

@@ -14,6 +14,7 @@ from typing import Any
 
 DEFAULT_PROFILE = "h100-8b"
 MAX_VALUES = 8
+MAX_POINTS = 16  # simulator runs per what-if (about a second each for 500 requests)
 
 
 class WhatIfUnavailable(RuntimeError):
@@ -54,13 +55,13 @@ def sweep(
     records: Sequence[Mapping[str, Any]],
     policy_type: str,
     base_params: Mapping[str, Any],
-    param: str,
-    values: Sequence[float],
+    grid: Mapping[str, Sequence[float]],
     engines: int,
     profile: str = DEFAULT_PROFILE,
 ) -> list[dict[str, Any]]:
-    """One row per value: {param, ttft_p50_ms, ttft_p99_ms, ttft_mean_ms, hit_rate,
-    throughput_rps}, in model milliseconds (what a live run would measure)."""
+    """One row per grid point: the point's weights plus ttft_p50_ms, ttft_p99_ms,
+    ttft_mean_ms, hit_rate, throughput_rps, in model milliseconds (what a live run would
+    measure)."""
     found = _bench()
     if found is None:
         raise WhatIfUnavailable(status()[1])
@@ -76,14 +77,14 @@ def sweep(
     rows = run_sweep(
         requests,
         policy=policy_type,
-        grid={param: list(values)},
+        grid={k: list(v) for k, v in grid.items()},
         engines=max(1, engines),
         profile=profile,
         base_params=dict(base_params),
     )
     return [
         {
-            param: row["params"][param],
+            **row["params"],
             "ttft_p50_ms": row["ttft_p50_ms"],
             "ttft_p99_ms": row["ttft_p99_ms"],
             "ttft_mean_ms": row["ttft_mean_ms"],

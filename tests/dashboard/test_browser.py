@@ -307,7 +307,7 @@ def test_operator_watches_live_traffic_and_tunes_a_weight(
             wait_for(
                 driver,
                 "return document.getElementById('chart-kv_usage') && document.getElementById('chart-kv_usage').data"
-                " && document.getElementById('chart-rps').data[0].x.length > 0",
+                " && document.getElementById('chart-kv_usage').data[0].x.length > 0",
                 timeout_s=10,
                 what="the worker's charts",
             )
@@ -359,12 +359,16 @@ def test_operator_watches_live_traffic_and_tunes_a_weight(
             values = driver.find_element(By.NAME, "values")
             values.clear()
             values.send_keys("0, 2")
+            Select(driver.find_element(By.NAME, "param2")).select_by_value("load_weight")
+            values2 = driver.find_element(By.NAME, "values2")
+            values2.clear()
+            values2.send_keys("0, 1")
             Select(driver.find_element(By.NAME, "profile")).select_by_value("dev")
             driver.find_element(By.XPATH, "//button[text()='Run offline sweep']").click()
             wait_for(
                 driver,
-                "return document.getElementById('whatif-chart').data"
-                " && document.getElementById('whatif-chart').data[0].y.length === 2",
+                "const d = document.getElementById('whatif-chart').data;"
+                "return d && d.length === 2 && d[0].type === 'heatmap' && d[0].z.length === 2",
                 timeout_s=60,
                 what="the what-if chart",
             )

@@ -108,3 +108,17 @@ def test_whatif_figure_sorts_by_the_swept_weight() -> None:
     )
     assert fig["data"][0]["x"] == [0.0, 2.0] and fig["data"][0]["y"] == [200.0, 90.0]
     assert fig["data"][1]["yaxis"] == "y2"
+
+
+def test_whatif_surface_lays_the_grid_out_as_heatmaps() -> None:
+    rows = [
+        {"a": a, "b": b, "ttft_p99_ms": 100 + 10 * a + b, "hit_rate": 0.1 * a}
+        for a in (0.0, 1.0)
+        for b in (0.0, 5.0, 10.0)
+    ]
+    fig = figures.whatif_surface_figure(rows, x_param="a", y_param="b")
+    ttft, hit = fig["data"]
+    assert ttft["x"] == ["0.0", "1.0"] and ttft["y"] == ["0.0", "5.0", "10.0"]
+    assert ttft["z"][2] == [110.0, 120.0]  # row = b = 10, columns = a
+    assert hit["xaxis"] == "x2" and hit["zmax"] == 1
+    assert fig["layout"]["xaxis2"]["anchor"] == "y2"

@@ -194,6 +194,42 @@ def test_whatif_replays_recorded_requests_in_the_offline_simulator(ops_client: C
     assert body["rows"][1]["hit_rate"] > 0.5
     assert body["figure"]["data"][0]["x"] == [0.0, 2.0]
 
+    # Two weights: a surface (one simulator run per grid point).
+    resp = ops_client.post(
+        "/policies/kv-default/whatif/",
+        {
+            "param": "cache_weight",
+            "values": "0, 2",
+            "param2": "load_weight",
+            "values2": "0, 1",
+            "profile": "dev",
+        },
+    )
+    assert resp.status_code == 200, resp.content
+    body = resp.json()
+    assert sorted((r["cache_weight"], r["load_weight"]) for r in body["rows"]) == [
+        (0.0, 0.0),
+        (0.0, 1.0),
+        (2.0, 0.0),
+        (2.0, 1.0),
+    ]
+    assert [t["type"] for t in body["figure"]["data"]] == ["heatmap", "heatmap"]
+    too_many = ops_client.post(
+        "/policies/kv-default/whatif/",
+        {
+            "param": "cache_weight",
+            "values": "0,1,2,3,4",
+            "param2": "load_weight",
+            "values2": "0,1,2,3",
+        },
+    )
+    assert too_many.status_code == 400 and "values2" in too_many.json()
+    same = ops_client.post(
+        "/policies/kv-default/whatif/",
+        {"param": "cache_weight", "values": "0,1", "param2": "cache_weight", "values2": "0,1"},
+    )
+    assert same.status_code == 400 and "param2" in same.json()
+
 
 def test_whatif_says_so_when_records_have_no_block_keys(ops_client: Client) -> None:
     _policy()
