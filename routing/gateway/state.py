@@ -230,6 +230,8 @@ class GatewayState:
                 task = self._sub_tasks.pop(wid, None)
                 if task is not None:
                     task.cancel()
+                    # Awaited at shutdown: the ZMQ context cannot terminate with its socket open.
+                    self._tasks.append(task)
                 del self.subscribers[wid]
         if not loop_running:
             return
