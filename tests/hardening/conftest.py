@@ -1,6 +1,7 @@
 """Hostile-caller fixtures: the control plane served by uvicorn on a loopback port (the
 ASGI path production uses), a fresh operator token per test, and a look at the database
-after each refused request (a 4xx must leave nothing behind)."""
+after each refused request (a 4xx must leave nothing behind); one simulated vLLM worker
+(workers/sim) and the gateway in front of it, each on its own loopback port."""
 
 from __future__ import annotations
 
@@ -44,12 +45,12 @@ def _static_root() -> None:
 class LiveServer:
     """uvicorn serving an ASGI app from a daemon thread on 127.0.0.1:<free port>."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, lifespan: str = "off") -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         config = uvicorn.Config(
-            app, log_level="error", lifespan="off", access_log=False, http="httptools"
+            app, log_level="error", lifespan=lifespan, access_log=False, http="httptools"
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
@@ -130,3 +131,87 @@ def db_state() -> Callable[[], dict[str, Any]]:
         }
 
     return snapshot
+
+
+def openai_error(resp: httpx.Response) -> dict[str, Any] | None:
+    """The `error` object of an OpenAI-shaped error body, or None if the body is not one."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or set(body) != {"error"} or not isinstance(body["error"], dict):
+        return None
+    err = body["error"]
+    if not {"message", "type", "param", "code"} <= set(err) or not err["message"]:
+        return None
+    return err
+
+
+SIM_MODEL = "sim-8b"
+GATEWAY_MAX_BODY_BYTES = 256 * 1024
+GATEWAY_MAX_TOKENS = 4096
+
+
+@pytest.fixture(scope="module")
+def sim_fleet() -> Iterator[Any]:
+    """One simulated worker (dev profile, 100x faster than real time), no KV events."""
+    from workers.sim.fleet import start_fleet
+
+    with start_fleet(1, model=SIM_MODEL, profile="dev", time_scale=0.01, kv_events=False) as fleet:
+        yield fleet
+
+
+@pytest.fixture(scope="module")
+def sim_url(sim_fleet: Any) -> str:
+    return str(sim_fleet.workers[0].url)
+
+
+@pytest.fixture(scope="module")
+def gateway_url(sim_fleet: Any) -> Iterator[str]:
+    """The gateway app (routing/gateway) routing SIM_MODEL to the simulated worker, from a
+    fixed routing snapshot (docs/contracts.md), with small body and max_tokens limits."""
+    from routing.gateway.config import GatewayConfig
+    from routing.gateway.consumers import GatewayHandle
+    from routing.gateway.routing import gateway_app
+    from routing.gateway.state import build_gateway_state
+
+    snapshot = {
+        "revision": "hardening-1",
+        "generated_at": "2026-11-29T10:00:00Z",
+        "workers": [
+            {
+                "id": w.id,
+                "url": w.url,
+                "model": w.model,
+                "state": "active",
+                "healthy": True,
+                "block_size": w.block_size,
+                "capacity_blocks": w.num_blocks,
+                "network_ms": 0.0,
+                "kv_events_endpoint": None,
+                "replay_endpoint": None,
+                "labels": {"tokenizer": "builtin"},
+            }
+            for w in sim_fleet.workers
+        ],
+        "models": {
+            SIM_MODEL: {
+                "active": {
+                    "policy": "hardening",
+                    "version_id": 1,
+                    "version": 1,
+                    "type": "kv_score",
+                    "params": {},
+                },
+                "experiment": None,
+            }
+        },
+    }
+    config = GatewayConfig(
+        metrics_interval_s=0,
+        max_body_bytes=GATEWAY_MAX_BODY_BYTES,
+        max_tokens_limit=GATEWAY_MAX_TOKENS,
+    )
+    handle = GatewayHandle(lambda: build_gateway_state(config, snapshot=snapshot), config=config)
+    with LiveServer(gateway_app(handle), lifespan="on") as server:
+        yield server.url
