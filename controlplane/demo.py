@@ -218,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
     env["PYTHONUNBUFFERED"] = "1"
     env["KVROUTE_EMBEDDED_JOBS"] = "0" if env.get("REDIS_URL") else "1"
+    # The simulated workers tokenize with the builtin tokenizer: the gateway must too, or it
+    # falls back to text blocks and its cache predictions never match the engine's.
+    env.setdefault("KVROUTE_TOKENIZERS", f"{DEMO_MODEL}=builtin")
     env.setdefault("KVROUTE_CSRF_TRUSTED_ORIGINS", f"{base_url},http://localhost:{args.port}")
     children = Children()
     interrupted = False
