@@ -28,3 +28,19 @@ def test_tasks_run_eagerly_without_redis(settings: Any) -> None:
     # No workers registered: nothing scraped, nothing stored.
     assert tasks.scrape_fleet.delay().get() == 0
     assert FleetSample.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_run_embedded_jobs_once_runs_every_job() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("run_embedded_jobs", "--once", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "drain_request_stream: ok",
+        "scrape_fleet: ok",
+        "experiment_results: ok",
+        "retention: ok",
+    ]
