@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections, connections
+from django.db import close_old_connections, connection, connections
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,10 @@ class EmbeddedScheduler:
                 job.last_error = f"{type(exc).__name__}: {exc}"
                 logger.exception("embedded job %s failed", job.name)
             finally:
-                close_old_connections()
+                # Drop this thread's connection between jobs (CONN_MAX_AGE applies), but
+                # never inside a caller's transaction (management command under a test).
+                if not connection.in_atomic_block:
+                    close_old_connections()
             ran.append(job.name)
         return ran
 
