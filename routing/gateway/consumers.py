@@ -170,15 +170,24 @@ class GatewayConsumer(AsyncHttpConsumer):  # type: ignore[misc]
     async def send_json(
         self, status: int, doc: Any, *, headers: list[tuple[bytes, bytes]] | None = None
     ) -> None:
-        await self.send_headers(status=status, headers=[(b"content-type", JSON), *(headers or [])])
-        await self.send_body(json.dumps(doc, separators=(",", ":")).encode())
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        await self.send_headers(
+            status=status,
+            headers=[
+                (b"content-type", JSON),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
+        )
+        await self.send_body(body)
 
     async def send_error(self, exc: GatewayError) -> None:
-        headers = [(b"content-type", JSON)] + [
+        body = exc.body()
+        headers = [(b"content-type", JSON), (b"content-length", str(len(body)).encode())] + [
             (k.encode(), v.encode()) for k, v in exc.headers.items()
         ]
         await self.send_headers(status=exc.status, headers=headers)
-        await self.send_body(exc.body())
+        await self.send_body(body)
 
     async def _run(self, body: bytes) -> None:
         try:

@@ -259,6 +259,7 @@ async def proxy_request(
                             b"content-type",
                             resp.headers.get("content-type", "application/json").encode(),
                         ),
+                        (b"content-length", str(len(body)).encode()),
                         *out_headers,
                     ],
                 )
