@@ -131,7 +131,14 @@ def sweep_table(rows: Sequence[Mapping[str, Any]]) -> str:
     if not rows:
         return "(no points)"
     names = list(rows[0]["params"])
-    flat = [{**r["params"], **{k: v for k, v in r.items() if k != "params"}} for r in rows]
+    # Parameter values print as given (0.25 stays 0.25, not a 1-decimal rounding).
+    flat = [
+        {
+            **{k: f"{v:g}" for k, v in r["params"].items()},
+            **{k: v for k, v in r.items() if k != "params"},
+        }
+        for r in rows
+    ]
     for f in flat:
         f["hit_pct"] = 100.0 * f["hit_rate"] if not math.isnan(f["hit_rate"]) else math.nan
     cols = [(n, n) for n in names] + [
