@@ -148,7 +148,12 @@ async def proxy_request(
         }
     content = json.dumps(payload, separators=(",", ":")).encode()
     path = UPSTREAM_PATHS[parsed.kind]
-    headers = {"content-type": "application/json", "x-request-id": request_id}
+    # identity: the bytes are passed through as they come, so they must not be compressed.
+    headers = {
+        "content-type": "application/json",
+        "x-request-id": request_id,
+        "accept-encoding": "identity",
+    }
     prompt_tokens = plan.features.prompt_tokens
     last_error = ""
     attempts = 0
@@ -206,7 +211,7 @@ async def proxy_request(
                     state.load.fail(request_id, now_s=clock())
                     return
                 if parsed.stream:
-                    chunks = resp.aiter_bytes()
+                    chunks = resp.aiter_raw()
                     first = b""
                     while not first:
                         first = await chunks.__anext__()
