@@ -220,6 +220,8 @@ def cmd_sim(args: argparse.Namespace) -> int:
                 "profile": args.profile,
                 "per_engine_requests": out.per_engine_requests,
                 "events": out.events,
+                "predicted_cached_tokens": out.predicted_cached_tokens,
+                "rejected": out.rejected,
             },
         )
         print(report.summary_table(summ))

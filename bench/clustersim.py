@@ -80,7 +80,6 @@ class SimOutput:
     events: int
     rejected: int
     predicted_cached_tokens: int
-    decisions: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -169,7 +168,6 @@ def _simulate(requests: Sequence[BenchRequest], *, config: SimConfig) -> SimOutp
     events_total = 0
     rejected = 0
     predicted_total = 0
-    decisions: list[str] = []
     order = list(requests)
     next_idx = 0
     if config.concurrency:
@@ -326,5 +324,4 @@ def _simulate(requests: Sequence[BenchRequest], *, config: SimConfig) -> SimOutp
         events=events_total,
         rejected=rejected,
         predicted_cached_tokens=predicted_total,
-        decisions=decisions,
     )
