@@ -84,6 +84,7 @@
     set("kpi-ttft-sub", "p50 " + fmt(last.ttft_p50_ms, "ms") + " · p99 " + fmt(last.ttft_p99_ms, "ms"));
     set("kpi-hit", fmt(last.hit_rate_actual, "pct"));
     set("kpi-hit-sub", "predicted " + fmt(last.hit_rate_predicted, "pct"));
+    set("kpi-prederr", fmt(last.prediction_error_frac, "pct"));
     set("kpi-evict", fmt(lastEv.evictions_per_s));
     set("kpi-queue", n ? String(waiting) : "–");
     set("kpi-queue-sub", n ? "mean KV usage " + fmt(kv / n, "pct") : "no worker scraped yet");
