@@ -175,10 +175,10 @@ def _simulate(requests: Sequence[BenchRequest], *, config: SimConfig) -> SimOutp
             push(0.0, _ARRIVAL, c, order[next_idx])
             next_idx += 1
     else:
-        for r in order:
-            if r.arrival_s is None:
+        for req in order:
+            if req.arrival_s is None:
                 raise ValueError("open loop needs arrival_s on every request (or use concurrency)")
-            push(r.arrival_s, _ARRIVAL, -1, r)
+            push(req.arrival_s, _ARRIVAL, -1, req)
         next_idx = len(order)
 
     def start_step(i: int, t: float) -> None:

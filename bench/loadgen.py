@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import httpx
 
@@ -109,7 +110,7 @@ async def send_one(
     last: float | None = None
     gaps: list[float] = []
     chunks = 0
-    usage: dict[str, object] | None = None
+    usage: dict[str, Any] | None = None
     worker: str | None = None
     try:
         async with client.stream(

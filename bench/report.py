@@ -85,7 +85,8 @@ class Summary:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return _jsonable(asdict(self))
+        out: dict[str, Any] = _jsonable(asdict(self))
+        return out
 
 
 def _jsonable(obj: Any) -> Any:

@@ -384,7 +384,7 @@ def load_trace(
     """Requests of a Mooncake-format JSONL file, in file order."""
     if speed <= 0:
         raise ValueError("speed must be positive")
-    out = []
+    out: list[BenchRequest] = []
     with open(path, encoding="utf-8") as fh:
         for i, line in enumerate(fh):
             if limit is not None and len(out) >= limit:
