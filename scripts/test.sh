@@ -48,8 +48,10 @@ import sys, psycopg
 psycopg.connect(sys.argv[1], connect_timeout=3).close()
 PY
 then
-  echo "== pytest (Postgres: control-plane and telemetry tests)"
-  DATABASE_URL="$pg_url" $VENV/bin/pytest -m "not vllm and not browser" tests/controlplane "$@"
+  echo "== pytest (Postgres: control-plane and telemetry tests, hostile API callers)"
+  # NUL bytes and out-of-range numbers break PostgreSQL queries where SQLite shrugs.
+  DATABASE_URL="$pg_url" $VENV/bin/pytest -m "not vllm and not browser" tests/controlplane \
+    tests/hardening/test_controlplane_hostile.py "$@"
 else
   echo "Postgres not reachable at $pg_url: skipping the Postgres pass"
 fi
