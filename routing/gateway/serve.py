@@ -33,9 +33,18 @@ def _default_app() -> Any:
     return application
 
 
-def _config(app: Any, *, log_level: str, lifespan: Literal["auto", "on", "off"]) -> uvicorn.Config:
+def _config(
+    app: Any,
+    *,
+    log_level: str,
+    lifespan: Literal["auto", "on", "off"],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+) -> uvicorn.Config:
     return uvicorn.Config(
         app,
+        host=host,
+        port=port,
         log_level=log_level,
         lifespan=lifespan,
         access_log=False,
@@ -123,8 +132,5 @@ def serve_forever(
     app: Any = None, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info"
 ) -> None:
     """Serve `app` (default: the whole product) in the calling thread until interrupted."""
-    server = uvicorn.Server(
-        _config(app if app is not None else _default_app(), log_level=log_level, lifespan="on")
-    )
-    server.config.host, server.config.port = host, port
-    server.run()
+    app = app if app is not None else _default_app()
+    uvicorn.Server(_config(app, log_level=log_level, lifespan="on", host=host, port=port)).run()
