@@ -198,6 +198,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
             max_model_len=args.max_model_len,
             scrape_interval_s=args.scrape_interval_s,
             num_blocks=args.num_blocks,
+            approx_ttl_s=args.approx_ttl_s,
         )
         t0, c0 = time.perf_counter(), time.process_time()
         out = simulate(reqs, config=cfg)
@@ -324,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--profile", default="h100-8b")
         p.add_argument("--max-model-len", type=int, help="override the profile's max_model_len")
         p.add_argument("--num-blocks", type=int, help="override the profile's KV blocks per engine")
+        p.add_argument(
+            "--approx-ttl-s",
+            type=float,
+            default=120.0,
+            help="model seconds an approximate (routed, unconfirmed) index entry lives",
+        )
         p.add_argument("--params", help="policy parameters as a JSON object")
         p.add_argument(
             "--scrape-interval-s",
