@@ -9,7 +9,7 @@ from dashboard import views
 
 app_name = "dashboard"
 
-urlpatterns = [
+_urlpatterns = [
     path(
         "login/",
         auth_views.LoginView.as_view(template_name="dashboard/login.html"),
@@ -42,4 +42,9 @@ urlpatterns = [
     ),
     path("requests/", views.requests_explorer, name="requests"),
     path("requests/<str:request_id>/", views.request_detail, name="request"),
+]
+
+# Every page refuses a NUL byte in its path parameters or query with a 400.
+urlpatterns = [
+    path(str(p.pattern), views.refuse_nul(p.callback), name=p.name) for p in _urlpatterns
 ]

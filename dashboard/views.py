@@ -41,6 +41,21 @@ def _actor(request: HttpRequest) -> Actor:
     return Actor(label=f"user:{user.get_username()}", scope=OPERATOR if user.is_staff else READ)
 
 
+def refuse_nul(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """400 for a NUL byte in the path parameters or the query: no name holds one, and
+    PostgreSQL refuses it in text parameters (it would otherwise surface as a 500)."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        bad = [k for k, v in kwargs.items() if isinstance(v, str) and "\x00" in v]
+        bad += [k for k, vs in request.GET.lists() if any("\x00" in v for v in vs)]
+        if bad:
+            return HttpResponse(f"Invalid character (NUL) in {', '.join(bad)}.", status=400)
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
 def _safe_next(request: HttpRequest, target: str | None, *, default: str) -> str:
     """Where to go back to: only this site's own URLs (no open redirect)."""
     if target and url_has_allowed_host_and_scheme(

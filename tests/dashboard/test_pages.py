@@ -345,3 +345,9 @@ def test_request_explorer_explains_the_choice(ops_client: Client) -> None:
     assert "sim-1 holds 60 of 62 prompt blocks" in page
     assert 'id="chart-why"' in page and "chosen" in page
     assert ops_client.get("/requests/nope/").status_code == 404
+
+
+def test_nul_in_a_path_or_query_is_a_400(ops_client: Client) -> None:
+    assert ops_client.get("/workers/w%00/").status_code == 400
+    assert ops_client.get("/requests/?worker=%00").status_code == 400
+    assert ops_client.post("/experiments/e%00/start/").status_code == 400
