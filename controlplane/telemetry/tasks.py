@@ -23,6 +23,7 @@ from controlplane.telemetry.sources import RecordSource, RedisStreamSource
 logger = logging.getLogger(__name__)
 
 DASHBOARD_GROUP = "dashboard"
+MAX_ARM_SAMPLES = 20_000
 
 # vLLM /metrics series this job reads (V1 names first, V0 names as fallbacks).
 RUNNING = ("vllm:num_requests_running",)
@@ -222,10 +223,14 @@ def experiment_arm_data(
     """Per-arm samples (RequestRecord TTFTs) and exact counters (rollups, both granularities)."""
     out = []
     for name, version_id in arms:
+        # The newest MAX_ARM_SAMPLES are plenty for the bootstrap (which subsamples again)
+        # and keep a long experiment's recompute bounded in time and memory.
         ttfts = list(
             RequestRecord.objects.filter(
                 experiment_id=experiment_id, arm=name, status="ok", ttft_ms__isnull=False
-            ).values_list("ttft_ms", flat=True)
+            )
+            .order_by("-id")
+            .values_list("ttft_ms", flat=True)[:MAX_ARM_SAMPLES]
         )
         # Minute and hour rows partition the history; 10 s rows duplicate recent minutes.
         rows = list(
