@@ -6,6 +6,7 @@ after each refused request (a 4xx must leave nothing behind); one simulated vLLM
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import tempfile
@@ -166,16 +167,9 @@ def sim_url(sim_fleet: Any) -> str:
     return str(sim_fleet.workers[0].url)
 
 
-@pytest.fixture(scope="module")
-def gateway_url(sim_fleet: Any) -> Iterator[str]:
-    """The gateway app (routing/gateway) routing SIM_MODEL to the simulated worker, from a
-    fixed routing snapshot (docs/contracts.md), with small body and max_tokens limits."""
-    from routing.gateway.config import GatewayConfig
-    from routing.gateway.consumers import GatewayHandle
-    from routing.gateway.routing import gateway_app
-    from routing.gateway.state import build_gateway_state
-
-    snapshot = {
+def gateway_snapshot(fleet: Any, *, policy: str = "kv_score") -> dict[str, Any]:
+    """A routing snapshot (docs/contracts.md) sending SIM_MODEL to `fleet`'s workers."""
+    return {
         "revision": "hardening-1",
         "generated_at": "2026-11-29T10:00:00Z",
         "workers": [
@@ -192,7 +186,7 @@ def gateway_url(sim_fleet: Any) -> Iterator[str]:
                 "replay_endpoint": None,
                 "labels": {"tokenizer": "builtin"},
             }
-            for w in sim_fleet.workers
+            for w in fleet.workers
         ],
         "models": {
             SIM_MODEL: {
@@ -200,18 +194,35 @@ def gateway_url(sim_fleet: Any) -> Iterator[str]:
                     "policy": "hardening",
                     "version_id": 1,
                     "version": 1,
-                    "type": "kv_score",
+                    "type": policy,
                     "params": {},
                 },
                 "experiment": None,
             }
         },
     }
-    config = GatewayConfig(
-        metrics_interval_s=0,
-        max_body_bytes=GATEWAY_MAX_BODY_BYTES,
-        max_tokens_limit=GATEWAY_MAX_TOKENS,
-    )
-    handle = GatewayHandle(lambda: build_gateway_state(config, snapshot=snapshot), config=config)
+
+
+@contextlib.contextmanager
+def serve_gateway(snapshot: dict[str, Any], **config: Any) -> Iterator[str]:
+    """The gateway app (routing/gateway) on a loopback port, from a fixed snapshot."""
+    from routing.gateway.config import GatewayConfig
+    from routing.gateway.consumers import GatewayHandle
+    from routing.gateway.routing import gateway_app
+    from routing.gateway.state import build_gateway_state
+
+    cfg = GatewayConfig(metrics_interval_s=0, **config)
+    handle = GatewayHandle(lambda: build_gateway_state(cfg, snapshot=snapshot), config=cfg)
     with LiveServer(gateway_app(handle), lifespan="on") as server:
         yield server.url
+
+
+@pytest.fixture(scope="module")
+def gateway_url(sim_fleet: Any) -> Iterator[str]:
+    """The gateway in front of the simulated worker, with small body and max_tokens limits."""
+    with serve_gateway(
+        gateway_snapshot(sim_fleet),
+        max_body_bytes=GATEWAY_MAX_BODY_BYTES,
+        max_tokens_limit=GATEWAY_MAX_TOKENS,
+    ) as url:
+        yield url

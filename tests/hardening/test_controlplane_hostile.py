@@ -464,3 +464,63 @@ def test_authorization_header_variants(
             if resp.status_code != 200:
                 failures.append(f"{header!r:.60}: {resp.status_code} {resp.text[:100]}")
     assert not failures, "\n".join(failures)
+
+
+def test_tokens_cannot_reach_beyond_their_scope(
+    cp_server: LiveServer,
+    api: httpx.Client,
+    seeded: dict[str, int],
+    db_state: Callable[[], dict[str, Any]],
+) -> None:
+    from controlplane.common.services import api_token_create
+
+    _, agent_a = api_token_create(name="agent-a", scope="worker")
+    _, agent_b = api_token_create(name="agent-b", scope="worker")
+    _, reader = api_token_create(name="reader", scope="read")
+
+    def client(secret: str) -> httpx.Client:
+        return httpx.Client(
+            base_url=cp_server.url, headers={"authorization": f"Bearer {secret}"}, timeout=10
+        )
+
+    with client(agent_a) as a:
+        assert a.post("/api/workers/", json={**WORKER, "name": "w-a"}).status_code == 201
+    kv = seeded["p-kv"]
+    experiment = {
+        "name": "e-x",
+        "model": MODEL,
+        "arms": [{"share": 50, "version_id": kv}, {"share": 50, "version_id": kv}],
+    }
+    agent_b_cases: list[Case] = [
+        # Another agent's worker: no hijack by re-registering, heartbeats, drain or delete.
+        (
+            "POST",
+            "/api/workers/",
+            {**WORKER, "name": "w-a", "base_url": "http://evil:1"},
+            403,
+            None,
+        ),
+        ("POST", "/api/workers/w-a/heartbeat/", {"running": 999}, 403, None),
+        ("POST", "/api/workers/w-a/drain/", None, 403, None),
+        ("DELETE", "/api/workers/w-a/", None, 403, None),
+        ("POST", "/api/workers/w0/drain/", None, 403, None),  # an operator-registered worker
+        ("PATCH", "/api/workers/w-a/", {"state": "disabled"}, 403, None),
+        ("POST", "/api/workers/w-a/enable/", None, 403, None),
+        ("POST", "/api/workers/w-a/probe/", {"ok": False}, 403, None),
+        ("POST", "/api/policies/", {"name": "p-x", "model": MODEL, "type": "random"}, 403, None),
+        ("POST", "/api/policies/p-kv/activate/", {"version": 1}, 403, None),
+        ("POST", "/api/models/sim-8b/rollback/", {}, 403, None),
+        ("POST", "/api/experiments/", experiment, 403, None),
+    ]
+    reader_cases: list[Case] = [
+        *agent_b_cases,
+        ("POST", "/api/workers/", {**WORKER, "name": "w-r"}, 403, None),
+        ("POST", "/api/workers/w0/heartbeat/", {"running": 1}, 403, None),
+    ]
+    with client(agent_b) as b:
+        run_cases(b, db_state, agent_b_cases)
+    with client(reader) as r:
+        run_cases(r, db_state, reader_cases)
+        # The dry run writes nothing, so a read token may use it.
+        resp = r.post("/api/policies/validate/", json={"type": "kv_score", "params": {}})
+        assert resp.status_code == 200, resp.text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -20,7 +21,9 @@ from tests.hardening.conftest import (
     GATEWAY_MAX_BODY_BYTES,
     GATEWAY_MAX_TOKENS,
     SIM_MODEL,
+    gateway_snapshot,
     openai_error,
+    serve_gateway,
 )
 
 CHAT = "/v1/chat/completions"
@@ -300,3 +303,46 @@ def test_body_sent_partially_then_dropped(gateway_url: str, path: str) -> None:
             + b'{"model": "sim-8b", "mess'
         )
     assert_healthy(gateway_url)
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway_url(sim_fleet: Any) -> Iterator[str]:
+    """The same gateway with API keys on (key-a -> tenant-a)."""
+    snapshot = gateway_snapshot(sim_fleet, policy="least_load")
+    with serve_gateway(snapshot, gateway_keys={"key-a": "tenant-a"}) as url:
+        yield url
+
+
+def test_gateway_api_key_header_variants(keyed_gateway_url: str) -> None:
+    refused: list[dict[str, Any]] = [
+        {},
+        {"authorization": "Bearer"},
+        {"authorization": "Bearer key-a key-a"},
+        {"authorization": "Bearer key-a, Bearer key-a"},
+        {"authorization": "Basic key-a"},
+        {"authorization": "key-a"},
+        {"authorization": "Bearer KEY-A"},
+        {"authorization": "Bearer key-"},
+        {"authorization": "Bearer " + "k" * 10_000},
+        {"authorization": "Bearer key-\u00e9".encode()},
+        {"x-api-key": "wrong"},
+    ]
+    accepted: list[dict[str, Any]] = [
+        {"authorization": "Bearer key-a"},
+        {"authorization": "bearer key-a"},
+        {"x-api-key": "key-a"},
+    ]
+    failures = []
+    for headers in refused:
+        for method, path, body in [("POST", CHAT, chat()), ("GET", "/v1/models", None)]:
+            resp = httpx.request(
+                method, keyed_gateway_url + path, json=body, headers=headers, timeout=20
+            )
+            err = openai_error(resp)
+            if resp.status_code != 401 or err is None or err["type"] != "authentication_error":
+                failures.append(f"{headers!r:.60} {path}: {resp.status_code} {resp.text[:120]}")
+    for headers in accepted:
+        resp = httpx.post(keyed_gateway_url + CHAT, json=chat(), headers=headers, timeout=20)
+        if resp.status_code != 200:
+            failures.append(f"{headers!r:.60}: {resp.status_code} {resp.text[:120]}")
+    assert not failures, "\n".join(failures)
