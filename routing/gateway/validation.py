@@ -57,6 +57,22 @@ def _check_token_ids(ids: list[Any], *, param: str) -> list[int]:
     return ids
 
 
+def _check_text(text: str, *, param: str) -> None:
+    """Text to tokenize must be valid Unicode: a JSON `\\ud800` escape decodes to a lone
+    surrogate that no tokenizer (and no UTF-8 encoder) accepts."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(
+            f"'{param}' contains an unpaired surrogate (invalid Unicode)", param=param
+        ) from None
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN / Infinity are not JSON; strict upstreams (vLLM's pydantic) reject or misread them.
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
 def _check_messages(messages: Any) -> list[dict[str, Any]]:
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", param="messages")
@@ -65,7 +81,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(msg, dict):
             raise bad_request(f"'{where}' must be an object", param=where, code="invalid_type")
         role = msg.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_request(
                 f"'{where}.role' must be one of {sorted(CHAT_ROLES)}", param=f"{where}.role"
             )
@@ -80,12 +96,16 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
                         f"'{where}.content[{j}]' must be an object with a 'type'",
                         param=f"{where}.content[{j}]",
                     )
-                if part["type"] == "text" and not isinstance(part.get("text"), str):
-                    raise bad_request(
-                        f"'{where}.content[{j}].text' must be a string",
-                        param=f"{where}.content[{j}].text",
-                    )
-        elif not isinstance(content, str):
+                if part["type"] == "text":
+                    if not isinstance(part.get("text"), str):
+                        raise bad_request(
+                            f"'{where}.content[{j}].text' must be a string",
+                            param=f"{where}.content[{j}].text",
+                        )
+                    _check_text(part["text"], param=f"{where}.content[{j}].text")
+        elif isinstance(content, str):
+            _check_text(content, param=f"{where}.content")
+        else:
             raise bad_request(
                 f"'{where}.content' must be a string or a list of parts",
                 param=f"{where}.content",
@@ -102,7 +122,9 @@ def parse_request(body: bytes, *, kind: str, max_tokens_limit: int) -> ParsedReq
     if not body:
         raise bad_request("request body is empty; expected a JSON object", code="invalid_json")
     try:
-        data = json.loads(body)
+        data = json.loads(body, parse_constant=_reject_constant)
+    except RecursionError:
+        raise bad_request("request body is nested too deeply", code="invalid_json") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
@@ -143,6 +165,7 @@ def parse_request(body: bytes, *, kind: str, max_tokens_limit: int) -> ParsedReq
 
     prompt = data.get("prompt")
     if isinstance(prompt, str):
+        _check_text(prompt, param="prompt")
         return ParsedRequest("completions", model, stream, wants_usage, data, prompt_text=prompt)
     if isinstance(prompt, list) and prompt:
         first = prompt[0]
@@ -151,6 +174,8 @@ def parse_request(body: bytes, *, kind: str, max_tokens_limit: int) -> ParsedReq
                 raise bad_request(
                     "'prompt' list must hold only strings", param="prompt", code="invalid_type"
                 )
+            for p in prompt:
+                _check_text(p, param="prompt")
             return ParsedRequest("completions", model, stream, wants_usage, data, prompt_text=first)
         if isinstance(first, list):
             for p in prompt:

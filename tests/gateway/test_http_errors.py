@@ -179,3 +179,61 @@ def test_worker_side_4xx_is_passed_through_not_retried(setup: Any) -> None:
     )
     assert resp.status_code == 400
     assert resp.headers["x-kvroute-worker"] == "sim-0"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", "[" * 30_000, None),
+        ("/v1/completions", '{"a":' * 10_000 + "1" + "}" * 10_000, None),
+        (
+            "/v1/chat/completions",
+            '{"model":"sim-8b","messages":[{"role":["user"],"content":"hi"}]}',
+            "messages[0].role",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model":"sim-8b","messages":[{"role":{"r":1},"content":"hi"}]}',
+            "messages[0].role",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model":"sim-8b","messages":[{"role":"user","content":"a\\ud800b"}]}',
+            "messages[0].content",
+        ),
+        (
+            "/v1/chat/completions",
+            '{"model":"sim-8b","messages":[{"role":"user","content":[{"type":"text","text":"\\udfff"}]}]}',
+            "messages[0].content[0].text",
+        ),
+        ("/v1/completions", '{"model":"sim-8b","prompt":"a\\ud800b","max_tokens":2}', "prompt"),
+        (
+            "/v1/completions",
+            '{"model":"sim-8b","prompt":"hi","max_tokens":2,"temperature":NaN}',
+            None,
+        ),
+        (
+            "/v1/completions",
+            '{"model":"sim-8b","prompt":"hi","max_tokens":2,"temperature":-Infinity}',
+            None,
+        ),
+    ],
+    ids=[
+        "deep-array",
+        "deep-object",
+        "role-list",
+        "role-object",
+        "lone-surrogate",
+        "surrogate-part",
+        "surrogate-prompt",
+        "nan",
+        "neg-infinity",
+    ],
+)
+def test_hostile_bodies_get_400_not_500(
+    setup: Any, path: str, body: str, param: str | None
+) -> None:
+    url, _, _ = setup
+    resp = post(url, path, body.encode())
+    assert resp.status_code == 400, resp.text[:300]
+    assert error_of(resp)["param"] == param
