@@ -129,7 +129,31 @@ def snapshot(request: HttpRequest) -> JsonResponse:
         window_s = min(max(float(request.GET.get("window_s", OVERVIEW_WINDOW_S)), 60.0), 86400.0)
     except ValueError:
         return JsonResponse({"window_s": ["Enter a number of seconds."]}, status=400)
-    return JsonResponse(tsel.overview_snapshot(window_s=window_s))
+    snap = tsel.overview_snapshot(window_s=window_s)
+    snap["marks"] = _activation_marks(since_s=time.time() - window_s)
+    return JsonResponse(snap)
+
+
+def _activation_marks(*, since_s: float) -> list[dict[str, str]]:
+    """Policy activations and rollbacks in the window, drawn as vertical marks on the
+    overview's time series so a weight change can be read against its effect."""
+    from datetime import UTC, datetime
+
+    from controlplane.policies import selectors as psel
+
+    since = datetime.fromtimestamp(since_s, tz=UTC)
+    marks = []
+    for model in sorted({p.model for p in psel.policy_list()}):
+        for a in psel.activation_history(model=model, limit=20):
+            if a.created_at < since:
+                break
+            marks.append(
+                {
+                    "t": a.created_at.isoformat().replace("+00:00", "Z"),
+                    "text": f"{a.kind}: {a.version.policy.name} v{a.version.number}",
+                }
+            )
+    return sorted(marks, key=lambda m: m["t"])
 
 
 # --- workers -------------------------------------------------------------------------

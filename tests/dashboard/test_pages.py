@@ -55,6 +55,11 @@ def test_overview_page_and_snapshot(ops_client: Client) -> None:
     snap = ops_client.get("/snapshot.json?window_s=86400").json()
     assert "points" in snap and "fleet" in snap and "evictions" in snap
     assert ops_client.get("/snapshot.json?window_s=abc").status_code == 400
+    assert snap["marks"] == []
+    _policy()
+    psvc.policy_activate(policy_name="kv-default", version=1, actor=OPS)
+    marks = ops_client.get("/snapshot.json").json()["marks"]
+    assert [m["text"] for m in marks] == ["activate: kv-default v1"]
 
 
 def _worker() -> Worker:

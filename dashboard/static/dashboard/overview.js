@@ -9,7 +9,7 @@
   const MAX_POINTS = 400;
   const PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#65a30d"];
 
-  const state = { points: new Map(), fleet: new Map(), evictions: new Map() };
+  const state = { points: new Map(), fleet: new Map(), evictions: new Map(), marks: [] };
   const live = { updates: 0, socket: null, status: "connecting", retryMs: 1000, draws: 0 };
   window.kvrouteDashboard = live;
 
@@ -53,6 +53,15 @@
         const pts = seriesFor(trace.meta);
         trace.x = pts.map(function (p) { return p.t; });
         trace.y = pts.map(function (p) { return p[trace.meta.field]; });
+      });
+      // Policy activations as dotted vertical lines on every time-series chart.
+      fig.layout.shapes = state.marks.map(function (m) {
+        return { type: "line", xref: "x", yref: "paper", x0: m.t, x1: m.t, y0: 0, y1: 1,
+          line: { color: "#7c3aed", width: 1, dash: "dot" } };
+      });
+      fig.layout.annotations = state.marks.map(function (m) {
+        return { x: m.t, xref: "x", yref: "paper", y: 1, yanchor: "bottom", text: m.text,
+          showarrow: false, font: { size: 10, color: "#7c3aed" } };
       });
       fig.layout.datarevision = (fig.layout.datarevision || 0) + 1;
       window.kvrouteCharts.draw(c.div, fig);
@@ -123,6 +132,7 @@
         applyOverview(snap.points || []);
         Object.keys(snap.fleet || {}).forEach(function (w) { applyFleet(snap.fleet[w], []); });
         (snap.evictions || []).forEach(function (e) { state.evictions.set(e.t, e); });
+        state.marks = snap.marks || [];
         redraw();
       })
       .catch(function (err) { setStatus("snapshot failed"); console.error(err); });
