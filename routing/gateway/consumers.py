@@ -241,7 +241,12 @@ class CompletionsConsumer(GatewayConsumer):
             state.metrics.requests.labels("none", "none", "not_found").inc()
             raise
         request_id = headers.get("x-request-id") or next_request_id()
-        session_key = headers.get("x-session-id") or None
+        # The session a request belongs to (sticky experiment arms, session_affinity): the
+        # x-session-id header, else OpenAI's own end-user field.
+        user = parsed.payload.get("user")
+        session_key = headers.get("x-session-id") or (
+            user if isinstance(user, str) and user else None
+        )
         explain = headers.get("x-kvroute-explain", "") in ("1", "true", "yes")
         outcome = Outcome()
         plan = None

@@ -239,10 +239,13 @@ def test_experiment_arms_are_sticky_per_session_and_shadow_is_recorded(
         seen.setdefault(session, set()).add(resp.headers["x-kvroute-arm"])
         assert resp.headers["x-kvroute-policy"] in ("kv_score@1", "round_robin@1")
     assert all(len(arms) == 1 for arms in seen.values())  # sticky
+    # OpenAI's `user` field is the session when no x-session-id header is sent.
+    for session in ("s0", "s1", "s2"):
+        assert {ask(gw.url, "via user", user=session).headers["x-kvroute-arm"]} == seen[session]
     assert set().union(*seen.values()) == {"A", "B"}  # both arms used
     sink = RedisStreamSink(url=redis_url)
-    wait_for(lambda: len(sink.read(count=100)) == 24)
-    recs = [r for _, r in sink.read(count=100)]
+    wait_for(lambda: len(sink.read(count=100)) == 27)
+    recs = [r for _, r in sink.read(count=100)][:24]
     assert {r["experiment_id"] for r in recs} == {7}
     assert {(r["arm"], r["policy_version_id"]) for r in recs} == {("A", 11), ("B", 12)}
     assert all(
