@@ -13,3 +13,7 @@ urlpatterns = [
     path("api/", include("controlplane.api_urls")),
     path("", include("dashboard.urls")),
 ]
+
+# JSON (API) and OpenAI-shaped (/v1/) bodies for 404 and 500; HTML elsewhere.
+handler404 = "controlplane.common.views.not_found"
+handler500 = "controlplane.common.views.server_error"

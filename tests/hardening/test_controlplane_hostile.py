@@ -417,11 +417,18 @@ def test_path_and_query_parameters(
     ]
     # fmt: on
     run_cases(api, db_state, cases)
-    # %2F decodes to '/', so no name route matches: a 404, and w0 is untouched.
-    before = db_state()
-    for method, path in [("GET", "/api/workers/w0%2F..%2Fw0/"), ("DELETE", "/api/workers/w0%2F/")]:
-        assert api.request(method, path).status_code == 404
-    assert db_state() == before
+    # %2F decodes to '/', so no name route matches: a JSON 404, and w0 is untouched.
+    run_cases(
+        api,
+        db_state,
+        [
+            ("GET", "/api/workers/w0%2F..%2Fw0/", None, 404, None),
+            ("DELETE", "/api/workers/w0%2F/", None, 404, None),
+            ("POST", "/api/workers/w0%2F/drain/", None, 404, None),
+            ("GET", "/api/no-such-route/", None, 404, None),
+            ("POST", "/api/policies/p-kv/versions/1/activate/", {}, 404, None),
+        ],
+    )
     # The model route takes any model name, '/' included (HF-style "org/model").
     resp = api.get("/api/models/org%2Fmodel/")
     assert resp.status_code == 200 and resp.json()["model"] == "org/model"
@@ -524,3 +531,26 @@ def test_tokens_cannot_reach_beyond_their_scope(
         # The dry run writes nothing, so a read token may use it.
         resp = r.post("/api/policies/validate/", json={"type": "kv_score", "params": {}})
         assert resp.status_code == 200, resp.text
+
+
+def test_unknown_routes_answer_in_each_surfaces_language(django_db_setup: None) -> None:
+    """The product's ASGI app: /v1/ paths the gateway does not serve fall through to Django,
+    which must still answer like the OpenAI API; /api/ answers JSON."""
+    from controlplane.asgi import application
+
+    with LiveServer(application) as server, httpx.Client(base_url=server.url, timeout=10) as c:
+        for method, path in [
+            ("POST", "/v1/embeddings"),
+            ("POST", "/v1/chat/completions/"),
+            ("GET", "/v1/"),
+            ("GET", "/v1/models/sim-8b"),
+        ]:
+            resp = c.request(method, path, json={} if method == "POST" else None)
+            assert resp.status_code == 404, (path, resp.text[:200])
+            err = resp.json()["error"]
+            assert err["code"] == "not_found" and path in err["message"], err
+        resp = c.get("/api/nothing-here/")
+        assert resp.status_code == 404 and "nothing-here" in resp.json()["detail"]
+        # Everything else keeps Django's HTML pages.
+        resp = c.get("/no-such-page/")
+        assert resp.status_code == 404 and resp.headers["content-type"].startswith("text/html")
