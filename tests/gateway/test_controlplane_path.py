@@ -122,3 +122,56 @@ def test_product_app_routes_with_the_control_planes_snapshot(fleet_factory: Any)
         server.stop()
         gateway.config = saved_config
     assert gateway.state is None  # lifespan shutdown stopped it
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_activation_through_the_api_reaches_the_gateway_by_notice(fleet_factory: Any) -> None:
+    from django.conf import settings
+
+    from controlplane.common.auth import SYSTEM
+    from controlplane.common.services import api_token_create
+    from controlplane.policies.services import policy_create, policy_version_add
+    from controlplane.registry.services import worker_register
+
+    os.makedirs(settings.STATIC_ROOT, exist_ok=True)
+    fleet = fleet_factory(1, kv_events=False)
+    worker_register(name="sim-0", base_url=fleet.urls[0], model=MODEL, actor=SYSTEM)
+    policy_create(name="notice-test", model=MODEL, type="kv_score", params={}, actor=SYSTEM)
+    policy_version_add(policy_name="notice-test", type="round_robin", params={}, actor=SYSTEM)
+    _, operator = api_token_create(name="ops-notice", scope="operator")
+
+    from controlplane.asgi import application
+    from routing.gateway.routing import gateway
+
+    saved_config = gateway.config
+    # No polling to speak of: only the change notice can bring the new version in time.
+    gateway.config = GatewayConfig.from_env(
+        listen_channel_layer=True, snapshot_poll_s=600, metrics_interval_s=0
+    )
+    server = serve_in_thread(application)
+    try:
+        # Workers but no active version yet: the gateway's built-in default policy routes.
+        resp = post(server.url, "/v1/chat/completions", chat_body("before"))
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["x-kvroute-policy"] == "default"
+        for version in (1, 2):
+            r = httpx.post(
+                server.url + "/api/policies/notice-test/activate/",
+                json={"version": version},
+                headers={"Authorization": f"Bearer {operator}"},
+                timeout=10,
+            )
+            assert r.status_code in (200, 201), r.text
+            deadline = time.monotonic() + 3
+            while True:
+                resp = post(server.url, "/v1/chat/completions", chat_body(f"v{version}"))
+                if resp.headers.get("x-kvroute-policy") == f"notice-test@{version}":
+                    break
+                assert time.monotonic() < deadline, (
+                    f"version {version} not picked up: {resp.headers}"
+                )
+                time.sleep(0.05)
+        assert gateway.state is not None and gateway.state.refresher.refreshes >= 3
+    finally:
+        server.stop()
+        gateway.config = saved_config
