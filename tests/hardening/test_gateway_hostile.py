@@ -4,7 +4,7 @@ against a hostile caller, over real sockets, in front of a real simulated worker
 Every refused request gets an OpenAI-shaped error body (`{"error": {message, type, param,
 code}}`) with the right status (400 naming the field, 404, 405, 413), and the gateway stays
 healthy: normal requests still succeed and no in-flight accounting leaks (client
-disconnects included). Bugs still open are in pending_test_gateway_sim.py.
+disconnects included).
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ def completion(**overrides: Any) -> dict[str, Any]:
 
 
 def post(url: str, path: str, body: Any, **kw: Any) -> httpx.Response:
-    if isinstance(body, bytes | str):
-        headers = {"content-type": "application/json", **kw.pop("headers", {})}
-        return httpx.post(url + path, content=body, headers=headers, timeout=20, **kw)
-    return httpx.post(url + path, json=body, timeout=20, **kw)
+    """bytes/str go on the wire as they are; anything else as JSON (ASCII-escaped, so lone
+    surrogates travel as `\\ud800` escapes the way a hostile client would send them)."""
+    if not isinstance(body, bytes | str):
+        body = json.dumps(body)
+    headers = {"content-type": "application/json", **kw.pop("headers", {})}
+    return httpx.post(url + path, content=body, headers=headers, timeout=20, **kw)
 
 
 Case = tuple[str, Any, int, str | None]
@@ -90,7 +92,12 @@ def test_malformed_json_and_shapes(gateway_url: str) -> None:
             (path, '"a string"', 400, None),
             (path, "null", 400, None),
             (path, "1e999", 400, None),
+            (path, "[" * 100_000, 400, None),  # nesting beyond Python's recursion limit
+            (path, '{"a":' * 20_000 + "1" + "}" * 20_000, 400, None),
         ]
+    for literal in ("NaN", "Infinity", "-Infinity"):  # not JSON; strict upstreams choke
+        body = json.dumps(completion(temperature=0.5)).replace("0.5", literal)
+        cases.append((COMPLETIONS, body, 400, None))
     run_cases(gateway_url, cases)
 
 
@@ -129,6 +136,10 @@ def test_chat_messages(gateway_url: str) -> None:
         (CHAT, msgs({"content": "hi"}), 400, "messages[0].role"),
         (CHAT, msgs({"role": "wizard", "content": "hi"}), 400, "messages[0].role"),
         (CHAT, msgs({"role": 7, "content": "hi"}), 400, "messages[0].role"),
+        (CHAT, msgs({"role": ["user"], "content": "hi"}), 400, "messages[0].role"),
+        (CHAT, msgs({"role": {"r": 1}, "content": "hi"}), 400, "messages[0].role"),
+        (CHAT, msgs({"role": "user", "content": "a\ud800b"}), 400, "messages[0].content"),
+        (CHAT, msgs({"role": "user", "content": [{"type": "text", "text": "\udfff"}]}), 400, "messages[0].content[0].text"),
         (CHAT, msgs({"role": "user"}), 400, "messages[0].content"),
         (CHAT, msgs({"role": "user", "content": 5}), 400, "messages[0].content"),
         (CHAT, msgs({"role": "user", "content": {"text": "hi"}}), 400, "messages[0].content"),
@@ -166,6 +177,8 @@ def test_completion_prompts(gateway_url: str) -> None:
         (COMPLETIONS, completion(prompt=[1.5]), 400, "prompt"),
         (COMPLETIONS, completion(prompt=[True]), 400, "prompt"),
         (COMPLETIONS, completion(prompt=[None]), 400, "prompt"),
+        (COMPLETIONS, completion(prompt="a\ud800b"), 400, "prompt"),
+        (COMPLETIONS, completion(prompt=["ok", "\ud800"]), 400, "prompt"),
         # Beyond the worker's vocabulary or context: the worker's own 400, passed through.
         (COMPLETIONS, completion(prompt=[200_000]), 400, "prompt"),
         (COMPLETIONS, completion(prompt=list(range(5000))), 400, "prompt"),

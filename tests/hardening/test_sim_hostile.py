@@ -1,6 +1,6 @@
 """The simulated vLLM engine's HTTP surface (workers/sim) against a hostile caller, over a
 real socket: bad input gets a vLLM-shaped error (`{"error": {message, type, param, code}}`)
-with the right status, and the engine keeps serving. Open bugs: pending_test_gateway_sim.py.
+with the right status, and the engine keeps serving. Open bugs: pending_test_sim.py.
 """
 
 from __future__ import annotations
