@@ -2,9 +2,10 @@
 schema (schemathesis), over a real socket, as an operator.
 
 Positive (schema-valid) and negative (schema-violating) requests for each operation must
-never get a 5xx, and must get a documented status code and content type with a body that
-matches the documented response schema. Generation is derandomized (the same examples
-every run); KVROUTE_FUZZ_EXAMPLES raises the count per operation and mode for a deeper run.
+never get a 5xx, must be refused when replayed without credentials, and must get a
+documented status code and content type with a body that matches the documented response
+schema. Generation is derandomized (the same examples every run); KVROUTE_FUZZ_EXAMPLES
+raises the count per operation and mode for a deeper run.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from typing import Any
 
 import httpx
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, given
+from hypothesis import settings as hypothesis_settings
 from schemathesis import GenerationMode
 from schemathesis.checks import (
     content_type_conformance,
+    ignored_auth,
     not_a_server_error,
     response_schema_conformance,
     status_code_conformance,
@@ -28,6 +31,7 @@ from tests.hardening.conftest import LiveServer
 EXAMPLES = int(os.environ.get("KVROUTE_FUZZ_EXAMPLES", "4"))
 CHECKS = [
     not_a_server_error,
+    ignored_auth,  # replays each request without credentials: must be refused
     status_code_conformance,
     content_type_conformance,
     response_schema_conformance,
@@ -39,8 +43,9 @@ CHECKS = [
 
 
 def test_every_operation_survives_schema_driven_fuzzing(
-    cp_server: LiveServer, operator_token: str, api: httpx.Client
+    cp_server: LiveServer, operator_token: str, api: httpx.Client, settings: Any
 ) -> None:
+    settings.KVROUTE_OPEN_READS = False  # reads need a token too (ignored_auth checks it)
     auth = {"authorization": f"Bearer {operator_token}"}
     # Something for the path parameters to hit now and then.
     worker = {"name": "w0", "base_url": "http://127.0.0.1:1", "model": "m"}
@@ -55,7 +60,7 @@ def test_every_operation_survives_schema_driven_fuzzing(
     calls = 0
 
     def fuzzer(operation: Any, mode: GenerationMode) -> Any:
-        @settings(
+        @hypothesis_settings(
             max_examples=EXAMPLES,
             derandomize=True,
             database=None,
