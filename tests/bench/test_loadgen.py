@@ -40,7 +40,7 @@ async def test_closed_loop_against_a_real_simulated_worker(worker) -> None:
     # Concurrency 2 on one worker: the second request of a tenant may race the first,
     # but most repeats of a 96-token prefix (6 blocks of 16) hit the cache.
     s = summarize(results, label="x")
-    assert 0.3 < s.hit_rate <= 6 * 16 * 6 / (116 * 8)
+    assert 0.2 < s.hit_rate <= 6 * 16 * 6 / (116 * 8)
     assert wall_s > 0
 
 
