@@ -14,6 +14,7 @@ urlpatterns = [
     path("", include("dashboard.urls")),
 ]
 
-# JSON (API) and OpenAI-shaped (/v1/) bodies for 404 and 500; HTML elsewhere.
+# JSON (API) and OpenAI-shaped (/v1/) bodies for 400, 404 and 500; HTML elsewhere.
+handler400 = "controlplane.common.views.bad_request"
 handler404 = "controlplane.common.views.not_found"
 handler500 = "controlplane.common.views.server_error"

@@ -1,4 +1,4 @@
-"""Site-wide error pages that speak each surface's language: JSON for the control-plane
+"""Site-wide error pages (400, 404, 500) that speak each surface's language: JSON for the control-plane
 API (`/api/`), OpenAI-shaped errors under `/v1/` (paths the gateway does not serve fall
 through to Django), Django's HTML pages everywhere else."""
 
@@ -11,6 +11,16 @@ from django.views import defaults
 def _openai_error(message: str, *, status: int, type: str, code: str) -> JsonResponse:
     body = {"error": {"message": message, "type": type, "param": None, "code": code}}
     return JsonResponse(body, status=status)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    # Django's own refusals (too many fields, a body over its limit) reach here, not DRF.
+    message = str(exception) or "Bad request."
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": message}, status=400)
+    if request.path.startswith("/v1/"):
+        return _openai_error(message, status=400, type="invalid_request_error", code="bad_request")
+    return defaults.bad_request(request, exception)
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
