@@ -82,7 +82,7 @@ def test_sweep_cli_table_and_heatmap(tmp_path, capsys) -> None:
     assert table.count("\n") >= 5 and "cache_weight" in table
     rows = json.loads((tmp_path / "sweep-kv_score.json").read_text())["rows"]
     assert len(rows) == 4
-    assert "\"type\":\"heatmap\"" in (tmp_path / "sweep.html").read_text()
+    assert '"type":"heatmap"' in (tmp_path / "sweep.html").read_text()
 
 
 def test_cli_errors_name_the_problem(tmp_path) -> None:
