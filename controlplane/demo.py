@@ -17,6 +17,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -89,6 +90,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def demo_worker_names(count: int) -> list[str]:
     return [f"sim-{i}" for i in range(count)]
+
+
+def busy_ports(args: argparse.Namespace) -> list[int]:
+    """Ports the demo needs that something else already listens on."""
+    wanted = [args.port]
+    wanted += [args.worker_base_port + i for i in range(args.workers)]
+    wanted += [args.events_base_port + i for i in range(2 * args.workers)]
+    busy = []
+    for port in wanted:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                busy.append(port)
+    return busy
 
 
 def setup_django(*, workers: int) -> dict[str, str]:
@@ -212,6 +226,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = ROOT / "var" / "demo-logs"
     logs.mkdir(parents=True, exist_ok=True)
     base_url = f"http://127.0.0.1:{args.port}"
+    busy = busy_ports(args)
+    if busy:
+        print(
+            f"demo: port(s) {', '.join(map(str, busy))} already in use (another demo running?); "
+            "choose others with --port, --worker-base-port and --events-base-port",
+            file=sys.stderr,
+        )
+        return 2
     print("kvroute demo: preparing the database, login and demo policies")
     creds = setup_django(workers=args.workers)
     env = dict(os.environ)

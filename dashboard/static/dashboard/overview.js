@@ -27,6 +27,21 @@
     return Array.from(map.values()).sort(function (a, b) { return a.t < b.t ? -1 : a.t > b.t ? 1 : 0; });
   }
 
+  // Idle stretches have no points; a null between two points far apart breaks the line
+  // so the chart does not draw traffic that never happened.
+  const GAP_MS = 60 * 1000;
+  function withGaps(pts) {
+    const out = [];
+    let prev = null;
+    pts.forEach(function (p) {
+      const ms = Date.parse(p.t);
+      if (prev !== null && ms - prev > GAP_MS) out.push({ t: new Date(prev + 1000).toISOString(), gap: true });
+      out.push(p);
+      prev = ms;
+    });
+    return out;
+  }
+
   function seriesFor(meta) {
     if (meta.src === "overview") return sorted(state.points);
     if (meta.src === "evictions") return sorted(state.evictions);
@@ -50,9 +65,10 @@
       }
       fig.data.forEach(function (trace) {
         if (!trace.meta) return;
-        const pts = seriesFor(trace.meta);
+        const pts = withGaps(seriesFor(trace.meta));
         trace.x = pts.map(function (p) { return p.t; });
-        trace.y = pts.map(function (p) { return p[trace.meta.field]; });
+        trace.y = pts.map(function (p) { return p.gap ? null : p[trace.meta.field]; });
+        trace.connectgaps = false;
       });
       // Policy activations as dotted vertical lines on every time-series chart.
       fig.layout.shapes = state.marks.map(function (m) {
