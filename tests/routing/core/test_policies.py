@@ -135,7 +135,8 @@ def test_random_is_fixed_by_the_seed_and_spreads() -> None:
 # -- least_load -----------------------------------------------------------------------------
 
 
-def test_least_load_counts_inflight_running_and_waiting() -> None:
+def test_least_load_takes_the_larger_of_inflight_and_scraped_queues() -> None:
+    # b: 1 of ours in flight, already visible in its scraped queue -> load 1, not 2.
     workers = [
         worker("a", running=3),
         worker("b", waiting=1, inflight_requests=1),
@@ -144,7 +145,8 @@ def test_least_load_counts_inflight_running_and_waiting() -> None:
     d = decide(LeastLoad(), workers)
     assert d.worker_id == "b"
     assert [c.worker_id for c in d.ranked] == ["b", "a", "c"]
-    assert d.ranked[0].terms["load"] == 2.0
+    assert d.ranked[0].terms["load"] == 1.0
+    assert d.ranked[2].terms["load"] == 4.0
 
 
 def test_least_load_breaks_ties_with_the_rng_not_by_position() -> None:
