@@ -313,6 +313,13 @@ def test_policies_refuse_hostile_fields(
         ("POST", "/api/models/sim-8b/rollback/", {"note": "n" * 2001}, 400, "note"),
         ("POST", "/api/policies/validate/", {"type": "kv_score", "params": {"cache_weight": "abc"}}, 400, "params.cache_weight"),
         ("POST", "/api/policies/validate/", {"params": {}}, 400, "type"),
+        # Versions are immutable and policies keep their history: no edit or delete verbs.
+        ("PUT", "/api/policies/p-kv/versions/1/", {"params": {"cache_weight": 9}}, 405, None),
+        ("PATCH", "/api/policies/p-kv/versions/1/", {"params": {"cache_weight": 9}}, 405, None),
+        ("DELETE", "/api/policies/p-kv/versions/1/", None, 405, None),
+        ("PATCH", "/api/policies/p-kv/", {"model": "other-model"}, 405, None),
+        ("DELETE", "/api/policies/p-kv/", None, 405, None),
+        ("DELETE", "/api/models/sim-8b/", None, 405, None),
     ]
     # fmt: on
     run_cases(api, db_state, cases)
