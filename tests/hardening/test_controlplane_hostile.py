@@ -376,9 +376,11 @@ def test_experiments_refuse_hostile_arms(
     aa = api.post("/api/experiments/", json=exp([two[0], {**two[0]}], name="e-aa"))
     assert aa.status_code == 201, aa.text
     assert [a["name"] for a in aa.json()["arms"]] == ["A", "B"]
-    # Shares given as integral floats are whole percents.
-    floats = [{"share": 50.0, "version_id": kv}, {"share": 50.0, "version_id": least}]
-    assert api.post("/api/experiments/", json=exp(floats, name="e-floats")).status_code == 201
+    # Shares given as integral floats or numeric strings are read as whole percents.
+    floats = [{"share": 50.0, "version_id": kv}, {"share": "50", "version_id": least}]
+    resp = api.post("/api/experiments/", json=exp(floats, name="e-floats"))
+    assert resp.status_code == 201, resp.text
+    assert [a["share"] for a in resp.json()["arms"]] == [50, 50]
     run_cases(
         api,
         db_state,
