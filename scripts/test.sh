@@ -51,7 +51,7 @@ then
   echo "== pytest (Postgres: control-plane and telemetry tests, hostile API callers)"
   # NUL bytes and out-of-range numbers break PostgreSQL queries where SQLite shrugs.
   DATABASE_URL="$pg_url" $VENV/bin/pytest -m "not vllm and not browser" tests/controlplane \
-    tests/hardening/test_controlplane_hostile.py "$@"
+    tests/hardening/test_controlplane_hostile.py tests/hardening/test_dashboard_hostile.py "$@"
 else
   echo "Postgres not reachable at $pg_url: skipping the Postgres pass"
 fi

@@ -184,7 +184,12 @@ class BadRequest(Exception):
 
 
 def _error_body(message: str, *, status: int, param: str | None) -> dict[str, Any]:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 413: "BadRequestError"}.get(
+    kind = {
+        400: "BadRequestError",
+        404: "NotFoundError",
+        405: "MethodNotAllowedError",
+        413: "BadRequestError",
+    }.get(
         status, "InternalServerError"
     )
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
@@ -537,6 +542,11 @@ class SimWorker:
                     exc.status,
                     _error_body(str(exc), status=exc.status, param=exc.param),
                 )
+        except UnicodeEncodeError:
+            # JSON may carry lone surrogates ("\ud800") that no tokenizer can encode.
+            if not sent[0]:
+                message = "request text contains invalid Unicode (a lone surrogate)"
+                await _send_json(tracked_send, 400, _error_body(message, status=400, param=None))
         except Exception:
             log.exception("simulated worker failed on %s %s", method, path)
             if not sent[0]:
@@ -610,6 +620,16 @@ class SimWorker:
                 raise BadRequest(
                     f"messages[{i}].content must be a string or a list of parts", param="messages"
                 )
+            for j, part in enumerate(content if isinstance(content, list) else ()):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise BadRequest(
+                        f"messages[{i}].content[{j}] must be an object with a string 'type'",
+                        param="messages",
+                    )
+                if part["type"] == "text" and not isinstance(part.get("text"), str):
+                    raise BadRequest(
+                        f"messages[{i}].content[{j}].text must be a string", param="messages"
+                    )
         return builtin_encode(render_chat(messages))
 
     def _max_tokens(self, body: dict[str, Any], *, chat: bool, prompt_len: int) -> int:
@@ -847,6 +867,8 @@ async def _read_json(receive: Receive) -> dict[str, Any]:
         parsed = json.loads(b"".join(chunks))
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("request body is nested too deeply") from None
     if not isinstance(parsed, dict):
         raise BadRequest("request body must be a JSON object")
     return parsed
