@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.db.models.functions import Lower
 
 
 class Policy(models.Model):
@@ -15,6 +16,7 @@ class Policy(models.Model):
     class Meta:
         ordering = ["model", "name"]
         verbose_name_plural = "policies"
+        constraints = [models.UniqueConstraint(Lower("name"), name="policy_name_ci_unique")]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.model})"
@@ -128,6 +130,7 @@ class Experiment(models.Model):
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
+            models.UniqueConstraint(Lower("name"), name="experiment_name_ci_unique"),
             models.UniqueConstraint(
                 fields=["model"],
                 condition=models.Q(status="running"),

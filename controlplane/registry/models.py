@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.db import models
+from django.db.models.functions import Lower
 
 
 class Worker(models.Model):
@@ -50,6 +51,8 @@ class Worker(models.Model):
     class Meta:
         ordering = ["model", "name"]
         constraints = [
+            # Names differing only in case would confuse operators and dashboards alike.
+            models.UniqueConstraint(Lower("name"), name="worker_name_ci_unique"),
             models.CheckConstraint(
                 condition=models.Q(state__in=["active", "draining", "disabled"]),
                 name="worker_state_valid",

@@ -139,7 +139,11 @@ def worker_register(
                         **config,
                     )
             except IntegrityError:
-                # Another registration of the same name won the race: update that row instead.
+                # Another registration won the race: update that row if it is this name; a
+                # name differing only in case is a conflict, as check_name_case_unique says.
+                if not Worker.objects.filter(name=name).exists():
+                    check_name_case_unique(Worker.objects, name, kind="Worker")
+                    raise
                 worker = _locked(name=name)
                 created = False
         if not created:

@@ -101,3 +101,18 @@ def test_concurrent_registrations_of_one_name_create_one_worker() -> None:
     assert not any(isinstance(r, Exception) for r in results), results
     assert sorted(created for _, created in results) == [False, False, True]
     assert Worker.objects.count() == 1
+
+
+def test_concurrent_registrations_differing_only_in_case_leave_one_worker() -> None:
+    results = race(
+        *(
+            lambda name=name: worker_register(
+                name=name, base_url="http://127.0.0.1:8100", model="m", actor=OPS
+            )
+            for name in ("gpu-a", "GPU-A", "Gpu-A")
+        )
+    )
+    assert Worker.objects.count() == 1
+    errors = [r for r in results if isinstance(r, Exception)]
+    assert len(errors) == 2, results
+    assert all(getattr(e, "field", None) == "name" for e in errors), errors
