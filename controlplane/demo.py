@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -39,11 +40,18 @@ class Children:
 
     procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
 
-    def start(self, name: str, argv: Sequence[str], *, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: Sequence[str], *, env: dict[str, str], log: Path
+    ) -> subprocess.Popen[bytes]:
         out = log.open("ab")
         proc = subprocess.Popen(
-            list(argv), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            list(argv),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self.procs.append((name, proc))
         return proc
@@ -51,25 +59,23 @@ class Children:
     def check(self) -> None:
         for name, proc in self.procs:
             if proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with status {proc.returncode} (see var/demo-logs/)")
+                raise RuntimeError(
+                    f"{name} exited with status {proc.returncode} (see var/demo-logs/)"
+                )
 
     def stop_all(self) -> None:
         for _, proc in reversed(self.procs):
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         deadline = time.monotonic() + 10
         for name, proc in reversed(self.procs):
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 print(f"  {name} did not stop in time; killing it")
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait()
 
 
@@ -83,8 +89,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--time-scale", type=float, default=1.0, help="multiplies every model duration")
     p.add_argument("--requests", type=int, default=120, help="requests in the first demo pass")
     p.add_argument("--rate", type=float, default=4.0, help="req/s of the demo workload")
-    p.add_argument("--background-rate", type=float, default=1.0, help="req/s after the first pass (0: none)")
-    p.add_argument("--exit-after-pass", action="store_true", help="stop after the first pass (smoke runs)")
+    p.add_argument(
+        "--background-rate", type=float, default=1.0, help="req/s after the first pass (0: none)"
+    )
+    p.add_argument(
+        "--exit-after-pass", action="store_true", help="stop after the first pass (smoke runs)"
+    )
     return p.parse_args(argv)
 
 
@@ -118,10 +128,10 @@ def setup_django(*, workers: int) -> dict[str, str]:
 
     from controlplane.common.auth import OPERATOR, Actor
     from controlplane.common.models import ApiToken
-    from controlplane.registry.models import Worker
-    from controlplane.registry.services import worker_deregister
     from controlplane.common.services import api_token_create
     from controlplane.policies.management.commands.seed_demo import seed_demo
+    from controlplane.registry.models import Worker
+    from controlplane.registry.services import worker_deregister
 
     call_command("migrate", interactive=False, verbosity=0)
     password = secrets.token_urlsafe(9)
@@ -158,17 +168,37 @@ def wait_for(url: str, *, timeout_s: float, children: Children, what: str) -> No
     raise RuntimeError(f"{what} did not come up at {url} within {timeout_s:.0f} s")
 
 
-def start_fleet(args: argparse.Namespace, children: Children, env: dict[str, str], logs: Path) -> list[dict[str, Any]]:
+def start_fleet(
+    args: argparse.Namespace, children: Children, env: dict[str, str], logs: Path
+) -> list[dict[str, Any]]:
     argv = [
-        sys.executable, "-m", "workers.sim", "fleet", "--count", str(args.workers),
-        "--base-port", str(args.worker_base_port), "--events-base-port", str(args.events_base_port),
-        "--model", DEMO_MODEL, "--profile", args.profile, "--time-scale", str(args.time_scale),
+        sys.executable,
+        "-m",
+        "workers.sim",
+        "fleet",
+        "--count",
+        str(args.workers),
+        "--base-port",
+        str(args.worker_base_port),
+        "--events-base-port",
+        str(args.events_base_port),
+        "--model",
+        DEMO_MODEL,
+        "--profile",
+        args.profile,
+        "--time-scale",
+        str(args.time_scale),
     ]
     fleet_out = logs / "fleet.out"
     fleet_out.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=(logs / "fleet.log").open("ab"),
-        stdin=subprocess.DEVNULL, start_new_session=True,
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=(logs / "fleet.log").open("ab"),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
     )
     children.procs.append(("simulated fleet", proc))
     assert proc.stdout is not None
@@ -188,26 +218,51 @@ def start_jobs(children: Children, env: dict[str, str], logs: Path) -> str:
     if env.get("REDIS_URL"):
         children.start(
             "celery worker+beat",
-            [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-B", "-l", "info",
-             "--concurrency", "1", "-s", str(ROOT / "var" / "celerybeat-schedule")],
-            env=env, log=logs / "celery.log",
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "controlplane",
+                "worker",
+                "-B",
+                "-l",
+                "info",
+                "--concurrency",
+                "1",
+                "-s",
+                str(ROOT / "var" / "celerybeat-schedule"),
+            ],
+            env=env,
+            log=logs / "celery.log",
         )
         return "Celery worker + beat on Redis (REDIS_URL)"
     return "embedded job scheduler in the web process (controlplane.jobs.EmbeddedScheduler; set REDIS_URL for Celery)"
 
 
-async def drive(base_url: str, *, requests: int, rate: float, seed: int, quiet: bool) -> dict[str, Any]:
+async def drive(
+    base_url: str, *, requests: int, rate: float, seed: int, quiet: bool
+) -> dict[str, Any]:
     from bench.loadgen import Target, run_load
     from bench.report import summarize, summary_table
     from bench.workloads import build_workload, oracle_hit_rate, with_arrivals
 
     reqs = build_workload(
-        "tenants", {"tenants": 6, "users": 4, "prefix_tokens": 1500, "question_tokens": 120,
-                    "output_tokens": 24},
-        seed=seed, limit=requests,
+        "tenants",
+        {
+            "tenants": 6,
+            "users": 4,
+            "prefix_tokens": 1500,
+            "question_tokens": 120,
+            "output_tokens": 24,
+        },
+        seed=seed,
+        limit=requests,
     )
     reqs = with_arrivals(reqs, rate_rps=rate, seed=seed)
-    results, wall_s = await run_load(reqs, target=Target(base_url=base_url, model=DEMO_MODEL, timeout_s=60))
+    results, wall_s = await run_load(
+        reqs, target=Target(base_url=base_url, model=DEMO_MODEL, timeout_s=60)
+    )
     oracle = oracle_hit_rate(reqs, block_size=16)
     summary = summarize(results, label="demo", oracle_hit_rate=oracle.hit_rate)
     if not quiet:
@@ -259,17 +314,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"starting control plane + gateway + dashboard on {base_url}")
         children.start(
             "web (uvicorn)",
-            [sys.executable, "-m", "uvicorn", "controlplane.asgi:application", "--host", "127.0.0.1",
-             "--port", str(args.port), "--log-level", "warning", "--lifespan", "on"],
-            env=env, log=logs / "web.log",
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "controlplane.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(args.port),
+                "--log-level",
+                "warning",
+                "--lifespan",
+                "on",
+            ],
+            env=env,
+            log=logs / "web.log",
         )
-        wait_for(f"{base_url}/gateway/health", timeout_s=60, children=children, what="the web process")
+        wait_for(
+            f"{base_url}/gateway/health", timeout_s=60, children=children, what="the web process"
+        )
         print(f"jobs: {start_jobs(children, env, logs)}")
         for name, w in zip(demo_worker_names(len(workers)), workers, strict=True):
             agent = [
-                sys.executable, "-m", "workers.agent", "--control-plane", base_url,
-                "--token", creds["worker_token"], "--worker-url", w["url"], "--name", name,
-                "--model", DEMO_MODEL,
+                sys.executable,
+                "-m",
+                "workers.agent",
+                "--control-plane",
+                base_url,
+                "--token",
+                creds["worker_token"],
+                "--worker-url",
+                w["url"],
+                "--name",
+                name,
+                "--model",
+                DEMO_MODEL,
             ]
             if w.get("kv_events_endpoint"):
                 agent += ["--kv-events", w["kv_events_endpoint"]]
@@ -277,9 +357,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 agent += ["--replay", w["replay_endpoint"]]
             children.start(f"agent {name}", agent, env=env, log=logs / f"agent-{name}.log")
         wait_models(base_url, children=children, expected=len(workers))
-        print(f"driving {args.requests} shared-prefix requests at {args.rate:g} req/s through the gateway")
-        result = asyncio.run(drive(base_url, requests=args.requests, rate=args.rate, seed=1, quiet=False))
-        print("requests per worker: " + ", ".join(f"{k}={v}" for k, v in sorted(result["by_worker"].items())))
+        print(
+            f"driving {args.requests} shared-prefix requests at {args.rate:g} req/s through the gateway"
+        )
+        result = asyncio.run(
+            drive(base_url, requests=args.requests, rate=args.rate, seed=1, quiet=False)
+        )
+        print(
+            "requests per worker: "
+            + ", ".join(f"{k}={v}" for k, v in sorted(result["by_worker"].items()))
+        )
         print()
         print(f"Dashboard:      {base_url}/   (login: {DEMO_USER} / {creds['password']})")
         print(f"Gateway:        {base_url}/v1  (OpenAI-compatible; model {DEMO_MODEL!r})")
@@ -292,7 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         while True:
             children.check()
             if args.background_rate > 0:
-                asyncio.run(drive(base_url, requests=60, rate=args.background_rate, seed=seed, quiet=True))
+                asyncio.run(
+                    drive(base_url, requests=60, rate=args.background_rate, seed=seed, quiet=True)
+                )
                 seed += 1
             else:
                 time.sleep(1)

@@ -38,6 +38,11 @@ fi
 echo "== import contract (routing.core stays pure)"
 $VENV/bin/lint-imports
 
+echo "== lint: ruff, and mypy --strict on routing.core and workers.sim"
+$VENV/bin/ruff check --output-format concise .
+$VENV/bin/ruff format --check .
+$VENV/bin/mypy routing/core workers/sim
+
 echo "== pytest (SQLite)"
 unset DATABASE_URL
 $VENV/bin/pytest -m "not vllm" "$@"
