@@ -189,9 +189,7 @@ def _error_body(message: str, *, status: int, param: str | None) -> dict[str, An
         404: "NotFoundError",
         405: "MethodNotAllowedError",
         413: "BadRequestError",
-    }.get(
-        status, "InternalServerError"
-    )
+    }.get(status, "InternalServerError")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 

@@ -5,18 +5,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('policies', '0001_initial'),
+        ("policies", "0001_initial"),
     ]
 
     operations = [
         migrations.AddConstraint(
-            model_name='experiment',
-            constraint=models.UniqueConstraint(django.db.models.functions.text.Lower('name'), name='experiment_name_ci_unique'),
+            model_name="experiment",
+            constraint=models.UniqueConstraint(
+                django.db.models.functions.text.Lower("name"), name="experiment_name_ci_unique"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='policy',
-            constraint=models.UniqueConstraint(django.db.models.functions.text.Lower('name'), name='policy_name_ci_unique'),
+            model_name="policy",
+            constraint=models.UniqueConstraint(
+                django.db.models.functions.text.Lower("name"), name="policy_name_ci_unique"
+            ),
         ),
     ]

@@ -5,15 +5,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('common', '0001_initial'),
-        ('registry', '0001_initial'),
+        ("common", "0001_initial"),
+        ("registry", "0001_initial"),
     ]
 
     operations = [
         migrations.AddConstraint(
-            model_name='worker',
-            constraint=models.UniqueConstraint(django.db.models.functions.text.Lower('name'), name='worker_name_ci_unique'),
+            model_name="worker",
+            constraint=models.UniqueConstraint(
+                django.db.models.functions.text.Lower("name"), name="worker_name_ci_unique"
+            ),
         ),
     ]
