@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import signal
 import sys
 from collections.abc import Mapping, Sequence
@@ -34,6 +33,8 @@ from typing import Any
 
 import httpx
 
+from routing.gateway.scraper import CACHE_CONFIG as M_CACHE_CONFIG
+from routing.gateway.scraper import parse_vllm_metrics
 from workers.vllm import (
     CommandSpec,
     EngineProcess,
@@ -44,13 +45,6 @@ from workers.vllm import (
 )
 
 log = logging.getLogger("kvroute.workers.agent")
-
-M_CACHE_CONFIG = "vllm:cache_config_info"
-M_RUNNING = "vllm:num_requests_running"
-M_WAITING = "vllm:num_requests_waiting"
-M_KV_USAGE = "vllm:kv_cache_usage_perc"
-M_PREFIX_QUERIES = "vllm:prefix_cache_queries"
-M_PREFIX_HITS = "vllm:prefix_cache_hits"
 
 
 class MetricsUnavailable(RuntimeError):
@@ -78,8 +72,6 @@ class EngineMetrics:
     running: int = 0
     waiting: int = 0
     kv_usage_frac: float = 0.0
-    prefix_cache_queries: float = 0.0
-    prefix_cache_hits: float = 0.0
 
     @property
     def in_flight(self) -> int:
@@ -87,52 +79,18 @@ class EngineMetrics:
 
 
 def parse_metrics(text: str) -> EngineMetrics:
-    """Parse Prometheus text from a vLLM (or simulated) engine; sums over label sets."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    block_size = 0
-    num_blocks = 0
-    sums: dict[str, float] = {}
-    usage: list[float] = []
-    try:
-        families = list(text_string_to_metric_families(text))
-    except ValueError as exc:
-        raise MetricsUnavailable(f"unparseable /metrics: {exc}") from exc
-    for family in families:
-        for sample in family.samples:
-            name = sample.name
-            if name == M_CACHE_CONFIG:
-                block_size = _int_label(sample.labels, "block_size") or block_size
-                num_blocks = _int_label(sample.labels, "num_gpu_blocks") or num_blocks
-            elif name == M_KV_USAGE:
-                usage.append(float(sample.value))
-            elif name in (M_RUNNING, M_WAITING) or name in (
-                f"{M_PREFIX_QUERIES}_total",
-                f"{M_PREFIX_HITS}_total",
-            ):
-                sums[name] = sums.get(name, 0.0) + float(sample.value)
-    if block_size <= 0:
+    """Parse Prometheus text from a vLLM (or simulated) engine with the gateway's scraper
+    parser (sums over engines, averages KV usage); refuses a page with no block size."""
+    metrics = parse_vllm_metrics(text)
+    if not metrics.block_size or metrics.block_size <= 0:
         raise MetricsUnavailable(f"/metrics has no {M_CACHE_CONFIG} with a block_size label")
-    kv_usage = max(usage) if usage else 0.0
     return EngineMetrics(
-        block_size=block_size,
-        num_gpu_blocks=num_blocks,
-        running=int(sums.get(M_RUNNING, 0)),
-        waiting=int(sums.get(M_WAITING, 0)),
-        kv_usage_frac=min(1.0, max(0.0, kv_usage)) if math.isfinite(kv_usage) else 0.0,
-        prefix_cache_queries=sums.get(f"{M_PREFIX_QUERIES}_total", 0.0),
-        prefix_cache_hits=sums.get(f"{M_PREFIX_HITS}_total", 0.0),
+        block_size=metrics.block_size,
+        num_gpu_blocks=metrics.num_gpu_blocks or 0,
+        running=metrics.running,
+        waiting=metrics.waiting,
+        kv_usage_frac=metrics.kv_usage_frac,
     )
-
-
-def _int_label(labels: Mapping[str, str], key: str) -> int:
-    raw = labels.get(key)
-    if raw in (None, "", "None"):
-        return 0
-    try:
-        return int(float(raw))
-    except ValueError:
-        return 0
 
 
 @dataclass(frozen=True, slots=True)

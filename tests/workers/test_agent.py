@@ -32,8 +32,24 @@ def test_parse_metrics_reads_a_real_vllm_scrape() -> None:
     assert metrics.block_size == 32
     assert metrics.num_gpu_blocks == 64
     assert metrics.running == 0 and metrics.waiting == 0
-    assert 0.0 <= metrics.kv_usage_frac <= 1.0
-    assert metrics.prefix_cache_queries >= metrics.prefix_cache_hits > 0
+    assert metrics.kv_usage_frac == 0.0
+
+
+def test_parse_metrics_sums_load_over_engines_behind_one_url() -> None:
+    text = "\n".join(
+        [
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="128"} 1.0',
+            'vllm:num_requests_running{engine="0",model_name="m"} 2.0',
+            'vllm:num_requests_running{engine="1",model_name="m"} 3.0',
+            'vllm:num_requests_waiting{engine="1",model_name="m"} 4.0',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25',
+            'vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.75',
+        ]
+    )
+    metrics = parse_metrics(text)
+    assert (metrics.block_size, metrics.num_gpu_blocks) == (16, 128)
+    assert (metrics.running, metrics.waiting, metrics.in_flight) == (5, 4, 9)
+    assert metrics.kv_usage_frac == 0.5
 
 
 def test_parse_metrics_without_cache_config_says_so() -> None:
