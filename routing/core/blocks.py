@@ -53,8 +53,8 @@ def token_block_keys(
     """Chained keys of the full ``block_size``-token blocks of ``tokens``.
 
     A partial last block gets no key (an engine caches only full blocks). ``parent`` is the key of
-    the block before ``tokens[0]`` (``ROOT_KEY`` for a prompt's start). Costs about 0.12 us per
-    block plus 4 ns per token on one core (~95 us for 8,192 tokens at block size 16).
+    the block before ``tokens[0]`` (``ROOT_KEY`` for a prompt's start). Its cost per prompt size
+    is measured by ``bench/core_bench.py`` (the ``hashing`` table in BENCHMARKS.md).
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
