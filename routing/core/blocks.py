@@ -42,6 +42,17 @@ def _pack_tokens(tokens: Sequence[int]) -> bytes:
     return packed.tobytes()
 
 
+def _chain_keys(buf: bytes, *, step: int, parent: int) -> tuple[int, ...]:
+    """Chained xxh3-64 keys of the consecutive ``step``-byte blocks of ``buf`` (whole blocks)."""
+    keys: list[int] = []
+    append = keys.append
+    key = parent
+    for offset in range(0, len(buf), step):
+        key = xxh3_64_intdigest(buf[offset : offset + step], key)
+        append(key)
+    return tuple(keys)
+
+
 def chain_key(parent: int, tokens: Sequence[int]) -> int:
     """Key (unsigned 64-bit) of one block of ``tokens`` whose preceding block has key ``parent``."""
     return xxh3_64_intdigest(_pack_tokens(tokens), parent)
@@ -64,14 +75,7 @@ def token_block_keys(
     buf = _pack_tokens(
         tokens if len(tokens) == full_blocks * block_size else tokens[: full_blocks * block_size]
     )
-    step = block_size * _TOKEN_BYTES
-    keys: list[int] = []
-    append = keys.append
-    key = parent
-    for offset in range(0, full_blocks * step, step):
-        key = xxh3_64_intdigest(buf[offset : offset + step], key)
-        append(key)
-    return tuple(keys)
+    return _chain_keys(buf, step=block_size * _TOKEN_BYTES, parent=parent)
 
 
 def text_block_keys(text: str, block_chars: int, *, parent: int = ROOT_KEY) -> tuple[int, ...]:
@@ -87,11 +91,4 @@ def text_block_keys(text: str, block_chars: int, *, parent: int = ROOT_KEY) -> t
     if full_blocks == 0:
         return ()
     buf = text[: full_blocks * block_chars].encode("utf-32-le", "surrogatepass")
-    step = block_chars * 4
-    keys: list[int] = []
-    append = keys.append
-    key = parent
-    for offset in range(0, full_blocks * step, step):
-        key = xxh3_64_intdigest(buf[offset : offset + step], key)
-        append(key)
-    return tuple(keys)
+    return _chain_keys(buf, step=block_chars * 4, parent=parent)
