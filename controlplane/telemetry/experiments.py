@@ -4,7 +4,6 @@ per-arm counters. The first arm is the control; every other arm is compared with
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,8 +43,7 @@ class ArmData:
 def _stat_of_sorted(ordered: Sequence[float], q: float | None) -> float:
     if q is None:
         return sum(ordered) / len(ordered)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return float(ordered[rank - 1])
+    return stats.sorted_percentile(ordered, q)
 
 
 def _bootstrap(values: Sequence[float], *, rng: random.Random, resamples: int) -> dict[str, list]:
@@ -57,18 +55,6 @@ def _bootstrap(values: Sequence[float], *, rng: random.Random, resamples: int) -
         for name, q in STATS:
             out[name].append(_stat_of_sorted(ordered, q))
     return out
-
-
-def _ci(estimate: float, draws: list[float], *, level: float) -> stats.Interval:
-    ordered = sorted(draws)
-    k = len(ordered)
-    alpha = (1.0 - level) / 2.0
-    return stats.Interval(
-        estimate=estimate,
-        lo=ordered[int(alpha * (k - 1))],
-        hi=ordered[int(math.ceil((1.0 - alpha) * (k - 1)))],
-        level=level,
-    )
 
 
 def _cdf(ordered: Sequence[float]) -> dict[str, list[float]]:
@@ -126,7 +112,7 @@ def compare_arms(
         if ordered:
             draws[arm.name] = _bootstrap(values, rng=rng, resamples=resamples)
             for name, q in STATS:
-                body[f"ttft_{name}_ms"] = _ci(
+                body[f"ttft_{name}_ms"] = stats.interval_from_draws(
                     _stat_of_sorted(ordered, q), draws[arm.name][name], level=level
                 )
         arm_out.append(body)
@@ -146,7 +132,7 @@ def compare_arms(
                     (c - t) / c if c else 0.0
                     for c, t in zip(c_draws[VERDICT_STAT], t_draws[VERDICT_STAT], strict=True)
                 ]
-                diff = _ci((c_est - t_est) / c_est, rel, level=level)
+                diff = stats.interval_from_draws((c_est - t_est) / c_est, rel, level=level)
         hit_test = stats.two_proportion_test(
             successes_a=control.hit_requests,
             n_a=control.cached_known_requests,

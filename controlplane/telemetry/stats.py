@@ -1,14 +1,14 @@
-"""Pure statistics for telemetry: mergeable latency histograms, bootstrap confidence
-intervals, a two-proportion z-test and the plain-words verdict of an A/B comparison.
+"""Pure statistics for telemetry: mergeable latency histograms, percentile-bootstrap
+intervals (the resampling itself is in `experiments`), a two-proportion z-test and the
+plain-words verdict of an A/B comparison.
 
-No Django here: plain data in, plain data out, randomness passed in as `random.Random`.
+No Django here: plain data in, plain data out.
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Log-spaced buckets: bucket i >= 1 holds values in [MIN_MS * GAMMA**(i-1), MIN_MS * GAMMA**i);
@@ -89,12 +89,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     """Exact nearest-rank percentile of raw values (q in [0, 100]); None when empty."""
     if not values:
         return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return float(ordered[rank - 1])
+    return sorted_percentile(sorted(values), q)
 
 
-def _sorted_percentile(ordered: Sequence[float], q: float) -> float:
+def sorted_percentile(ordered: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of already sorted, non-empty values."""
     rank = max(1, math.ceil(q / 100.0 * len(ordered)))
     return float(ordered[rank - 1])
 
@@ -116,71 +115,15 @@ class Interval:
         return {"estimate": self.estimate, "lo": self.lo, "hi": self.hi, "level": self.level}
 
 
-def bootstrap_ci(
-    values: Sequence[float],
-    statistic: Callable[[Sequence[float]], float],
-    *,
-    rng: random.Random,
-    resamples: int = 400,
-    level: float = 0.95,
-) -> Interval | None:
-    """Percentile-bootstrap CI of `statistic` over `values` (resampled with replacement)."""
-    if not values:
-        return None
-    n = len(values)
-    stats = sorted(
-        statistic([values[rng.randrange(n)] for _ in range(n)]) for _ in range(resamples)
-    )
+def interval_from_draws(estimate: float, draws: Sequence[float], *, level: float) -> Interval:
+    """Percentile-bootstrap interval: `estimate` with the (1 - level) / 2 tails of `draws`."""
+    ordered = sorted(draws)
+    k = len(ordered)
     alpha = (1.0 - level) / 2.0
     return Interval(
-        estimate=statistic(values),
-        lo=stats[int(alpha * (resamples - 1))],
-        hi=stats[int(math.ceil((1.0 - alpha) * (resamples - 1)))],
-        level=level,
-    )
-
-
-def percentile_stat(q: float) -> Callable[[Sequence[float]], float]:
-    def stat(vs: Sequence[float]) -> float:
-        return _sorted_percentile(sorted(vs), q)
-
-    return stat
-
-
-def mean_stat(vs: Sequence[float]) -> float:
-    return sum(vs) / len(vs)
-
-
-def bootstrap_relative_diff(
-    control: Sequence[float],
-    treatment: Sequence[float],
-    statistic: Callable[[Sequence[float]], float],
-    *,
-    rng: random.Random,
-    resamples: int = 400,
-    level: float = 0.95,
-) -> Interval | None:
-    """CI of (stat(control) - stat(treatment)) / stat(control): positive = treatment lower.
-
-    The two arms are resampled independently, as independent samples should be.
-    """
-    if not control or not treatment:
-        return None
-    base = statistic(control)
-    if base == 0:
-        return None
-    nc, nt = len(control), len(treatment)
-    diffs = []
-    for _ in range(resamples):
-        c = statistic([control[rng.randrange(nc)] for _ in range(nc)])
-        t = statistic([treatment[rng.randrange(nt)] for _ in range(nt)])
-        diffs.append((c - t) / c if c else 0.0)
-    diffs.sort()
-    alpha = (1.0 - level) / 2.0
-    return Interval(
-        estimate=(base - statistic(treatment)) / base,
-        lo=diffs[int(alpha * (resamples - 1))],
-        hi=diffs[int(math.ceil((1.0 - alpha) * (resamples - 1)))],
+        estimate=estimate,
+        lo=ordered[int(alpha * (k - 1))],
+        hi=ordered[int(math.ceil((1.0 - alpha) * (k - 1)))],
         level=level,
     )
 
