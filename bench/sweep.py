@@ -26,19 +26,6 @@ DEFAULT_GRIDS: dict[str, dict[str, list[float]]] = {
     "predicted_ttft": {"temperature_ms": [0.0, 5.0, 20.0, 50.0, 200.0]},
 }
 
-ROW_METRICS = (
-    "ttft_mean_ms",
-    "ttft_p50_ms",
-    "ttft_p99_ms",
-    "e2e_mean_ms",
-    "hit_rate",
-    "oracle_hit_rate",
-    "throughput_rps",
-    "output_tps",
-    "completed",
-    "failed",
-)
-
 
 def parse_grid(items: Sequence[str]) -> dict[str, list[float]]:
     """``["cache_weight=0,1,2", "load_weight=0.5"]`` -> {name: [values]}; ValueError names the bad item."""

@@ -13,7 +13,6 @@ from controlplane.policies.models import (
     Activation,
     ActiveVersion,
     Experiment,
-    ExperimentArm,
     Policy,
     PolicyVersion,
 )
@@ -176,7 +175,3 @@ def experiment_results(*, experiment: Experiment) -> dict[str, Any]:
         "shadow": info.shadow.to_dict() if info.shadow else None,
         "results": results,
     }
-
-
-def arm_queryset() -> QuerySet[ExperimentArm]:
-    return ExperimentArm.objects.select_related("version__policy", "experiment")

@@ -28,18 +28,6 @@ MAX_BLOCK_SIZE = 4096
 MAX_CAPACITY_BLOCKS = 2**31 - 1
 MAX_NETWORK_MS = 60_000.0
 MAX_LOAD_COUNT = 1_000_000
-# Fields the routing snapshot carries: changing one of them notifies the gateways.
-ROUTED_FIELDS = (
-    "base_url",
-    "model",
-    "kv_events_endpoint",
-    "replay_endpoint",
-    "block_size",
-    "capacity_blocks",
-    "network_ms",
-    "labels",
-    "state",
-)
 
 
 def _clean_config(fields: dict[str, Any]) -> dict[str, Any]:
@@ -189,10 +177,6 @@ def worker_drain(*, name: str, actor: Actor) -> Worker:
 
 def worker_enable(*, name: str, actor: Actor) -> Worker:
     return _set_state(name=name, actor=actor, state=Worker.State.ACTIVE)
-
-
-def worker_disable(*, name: str, actor: Actor) -> Worker:
-    return _set_state(name=name, actor=actor, state=Worker.State.DISABLED)
 
 
 def worker_deregister(*, name: str, actor: Actor) -> None:

@@ -83,12 +83,3 @@ class MemorySinkSource:
         except ValueError:
             after = 0
         return [(str(i), rec) for i, rec in self.sink.read(after=after, count=count)]
-
-
-def stream_id_key(entry_id: str) -> tuple[int, int]:
-    """Sort key of a Redis stream id ("ms-seq") or a plain integer id."""
-    head, _, tail = str(entry_id).partition("-")
-    try:
-        return int(head), int(tail or 0)
-    except ValueError:
-        return 0, 0
