@@ -19,16 +19,15 @@ from controlplane.telemetry import experiments as exp_stats
 from controlplane.telemetry import selectors, services
 from controlplane.telemetry.models import ExperimentResult, RequestRecord, Rollup
 from controlplane.telemetry.sources import RecordSource, RedisStreamSource
+from routing.gateway.scraper import parse_vllm_metrics
 
 logger = logging.getLogger(__name__)
 
 DASHBOARD_GROUP = "dashboard"
 MAX_ARM_SAMPLES = 20_000
 
-# vLLM /metrics series this job reads (V1 names first, V0 names as fallbacks).
-RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# vLLM /metrics counters this job reads (V1 names first, V0 names as fallbacks); the load
+# gauges are read by the gateway's own parser (`routing.gateway.scraper.parse_vllm_metrics`).
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREEMPTIONS = ("vllm:num_preemptions_total",)
@@ -140,12 +139,13 @@ def _first(sums: Mapping[str, float], names: Sequence[str]) -> float:
 
 
 def worker_metrics_from_text(text: str) -> services.WorkerMetrics:
+    # Load as the gateway sees it: gauges summed over engines, KV usage averaged over them.
+    load = parse_vllm_metrics(text)
     sums = parse_metric_sums(text)
-    usage_names = [n for n in KV_USAGE if n in sums]
     return services.WorkerMetrics(
-        running=_first(sums, RUNNING),
-        waiting=_first(sums, WAITING),
-        kv_usage_frac=min(1.0, max(0.0, sums[usage_names[0]])) if usage_names else 0.0,
+        running=load.running,
+        waiting=load.waiting,
+        kv_usage_frac=load.kv_usage_frac,
         prefix_hits_total=_first(sums, PREFIX_HITS),
         prefix_queries_total=_first(sums, PREFIX_QUERIES),
         preemptions_total=_first(sums, PREEMPTIONS),

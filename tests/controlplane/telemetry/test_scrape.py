@@ -20,8 +20,8 @@ class Pages:
 def vllm_metrics(
     *, running: int, waiting: int, kv: float, hits: int, queries: int, preempt: int
 ) -> str:
-    # Two engines (data-parallel ranks) behind one URL: counters and gauges add up.
-    half = kv
+    # Two engines (data-parallel ranks) behind one URL: counters and queues add up, KV usage
+    # is their mean.
     return "\n".join(
         [
             "# HELP vllm:num_requests_running Number of requests running.",
@@ -29,7 +29,8 @@ def vllm_metrics(
             f'vllm:num_requests_running{{engine="0",model_name="sim-8b"}} {running}',
             'vllm:num_requests_running{engine="1",model_name="sim-8b"} 0',
             f'vllm:num_requests_waiting{{engine="0",model_name="sim-8b"}} {waiting}',
-            f'vllm:kv_cache_usage_perc{{engine="0",model_name="sim-8b"}} {half}',
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="sim-8b"}} {kv}',
+            f'vllm:kv_cache_usage_perc{{engine="1",model_name="sim-8b"}} {kv}',
             f'vllm:prefix_cache_hits_total{{engine="0",model_name="sim-8b"}} {hits}',
             f'vllm:prefix_cache_queries_total{{engine="0",model_name="sim-8b"}} {queries}',
             f'vllm:num_preemptions_total{{engine="0",model_name="sim-8b"}} {preempt}',
