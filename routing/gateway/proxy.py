@@ -188,7 +188,11 @@ async def proxy_request(
                 request = state.client.build_request(
                     "POST", spec.url + path, content=content, headers=headers
                 )
-                resp = await state.client.send(request, stream=True)
+                if state.lean_transport is not None:
+                    resp = await state.lean_transport.handle_async_request(request)
+                    resp.request = request
+                else:
+                    resp = await state.client.send(request, stream=True)
                 if resp.status_code >= 500:
                     raise _Retryable(f"HTTP {resp.status_code}", "http_5xx")
                 if resp.status_code != 200:
@@ -333,14 +337,24 @@ async def _stream(
         )
         state.load.first_token(request_id, now_s=clock())
         outcome.status, outcome.http_status = "ok", 200
+        # The lean transport says when the upstream body has ended with the chunk just read:
+        # the last chunk and the end of the answer then go out in one write, not two.
+        body = resp.extensions.get("kvroute_body")
+        ended = False
         out = sse.feed(first)
-        if out:
+        if body is not None and body.at_end:
+            ended = True
+            await send_body(out + sse.tail(), False)
+        elif out:
             await send_body(out, True)
         outcome.ttft_ms = (clock() - arrived_s) * 1000.0
         try:
             async for chunk in chunks:
                 out = sse.feed(chunk)
-                if out:
+                if body is not None and body.at_end:
+                    ended = True
+                    await send_body(out + sse.tail(), False)
+                elif out:
                     await send_body(out, True)
         except httpx.HTTPError as exc:
             state.breakers.on_failure(outcome.worker_id or "", now_s=clock())
@@ -352,8 +366,8 @@ async def _stream(
             state.load.fail(request_id, now_s=clock())
             finished = True
             return
-        tail = sse.tail()
-        await send_body(tail, False)
+        if not ended:
+            await send_body(sse.tail(), False)
         state.load.complete(request_id, now_s=clock())
         finished = True
     except BaseException:

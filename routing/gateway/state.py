@@ -115,6 +115,10 @@ class GatewayState:
                 max_connections=4096, max_keepalive_connections=1024, keepalive_expiry=30.0
             ),
         )
+        # The proxy hands requests straight to the lean transport: the client's send layers
+        # (auth, redirects, cookie jar, event hooks, logging) do nothing for an upstream call
+        # but cost CPU on every request. Requests are still built by `client.build_request`.
+        self.lean_transport = transport if isinstance(transport, LeanTransport) else None
         self.index = PrefixIndex(
             max_entries=config.index_max_entries, approx_ttl_s=config.approx_ttl_s
         )

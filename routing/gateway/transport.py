@@ -24,6 +24,8 @@ import httpx
 # swallow a cancellation that races with the read completing, and a cancelled proxy task
 # that keeps streaming is exactly the client-disconnect leak this transport must not have.
 _READ_CHUNK = 64 * 1024
+# A chunk-size line longer than this is not HTTP/1.1 chunked framing.
+_MAX_CHUNK_LINE = 4096
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -54,6 +56,8 @@ class _Body(httpx.AsyncByteStream):
         self._keep_alive = keep_alive
         self._done = False
         self._closed = False
+        # True once the whole body has been read off the connection (see `_chunks`).
+        self.at_end = False
 
     async def _read(self, coro: Any) -> Any:
         try:
@@ -72,20 +76,11 @@ class _Body(httpx.AsyncByteStream):
                 f"malformed body framing: {exc}", request=self._request
             ) from None
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        reader = self._conn[0]
-        if self._chunked:
-            while True:
-                line = await self._read(reader.readuntil(b"\r\n"))
-                size = int(line.split(b";", 1)[0].strip(), 16)
-                if size == 0:
-                    # Trailers (none in practice) end with an empty line.
-                    while (await self._read(reader.readuntil(b"\r\n"))) != b"\r\n":
-                        pass
-                    break
-                data = await self._read(reader.readexactly(size + 2))
-                yield data[:-2]
-        elif self._length is not None:
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._chunks(self._conn[0]) if self._chunked else self._plain(self._conn[0])
+
+    async def _plain(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        if self._length is not None:
             left = self._length
             while left > 0:
                 data = await self._read(reader.read(min(left, _READ_CHUNK)))
@@ -104,6 +99,72 @@ class _Body(httpx.AsyncByteStream):
             self._keep_alive = False
         self._done = True
         await self.aclose()
+
+    async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        """Decodes chunked framing over bulk reads (one read and one timeout per batch of
+        bytes that arrived together, not two awaited reads per chunk), yielding each chunk on
+        its own as soon as it is complete; nothing waits for more data than the next
+        incomplete chunk needs. `at_end` is set before the last chunk is yielded when the
+        terminating chunk came with it, so a proxy can end its own answer in the same write."""
+        buf = b""
+        while True:
+            data = await self._read(reader.read(_READ_CHUNK))
+            if not data:
+                raise httpx.RemoteProtocolError(
+                    "upstream closed the connection mid-body", request=self._request
+                )
+            buf = buf + data if buf else data
+            pieces: list[bytes] = []
+            pos = 0
+            end = -1
+            while True:
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    if len(buf) - pos > _MAX_CHUNK_LINE:
+                        raise httpx.RemoteProtocolError(
+                            "malformed body framing: chunk size line too long",
+                            request=self._request,
+                        )
+                    break
+                try:
+                    size = int(buf[pos:nl].split(b";", 1)[0].strip(), 16)
+                except ValueError:
+                    raise httpx.RemoteProtocolError(
+                        f"malformed body framing: bad chunk size {buf[pos:nl][:40]!r}",
+                        request=self._request,
+                    ) from None
+                if size < 0:
+                    raise httpx.RemoteProtocolError(
+                        "malformed body framing: negative chunk size", request=self._request
+                    )
+                if size == 0:
+                    # Trailers (none in practice) end with an empty line.
+                    if buf.startswith(b"\r\n", nl + 2):
+                        end = nl + 4
+                    else:
+                        t = buf.find(b"\r\n\r\n", nl + 2)
+                        if t >= 0:
+                            end = t + 4
+                    break
+                stop = nl + 2 + size
+                if stop + 2 > len(buf):
+                    break
+                pieces.append(buf[nl + 2 : stop])
+                pos = stop + 2
+            if end >= 0:
+                if end != len(buf):
+                    self._keep_alive = False  # bytes past the body: never reuse this connection
+                for piece in pieces[:-1]:
+                    yield piece
+                self.at_end = True
+                self._done = True
+                if pieces:
+                    yield pieces[-1]
+                await self.aclose()
+                return
+            buf = buf[pos:]
+            for piece in pieces:
+                yield piece
 
     async def aclose(self) -> None:
         if self._closed:
@@ -238,7 +299,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
             self, key, conn, request, chunked=chunked, length=length, keep_alive=keep_alive
         )
         return httpx.Response(
-            status, headers=headers, stream=stream, extensions={"http_version": b"HTTP/1.1"}
+            status,
+            headers=headers,
+            stream=stream,
+            extensions={"http_version": b"HTTP/1.1", "kvroute_body": stream},
         )
 
     async def aclose(self) -> None:
