@@ -13,10 +13,11 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from routing.gateway.records import REQUESTS_STREAM as REQUEST_STREAM_KEY
+
 logger = logging.getLogger(__name__)
 
-REQUEST_STREAM_KEY = "kvroute:requests"
-REQUEST_STREAM_FIELD = "r"
+REQUEST_STREAM_FIELD = "r"  # the field the gateway's RedisStreamSink writes each record to
 
 
 class RecordSource(Protocol):
