@@ -100,6 +100,8 @@ def test_routes_methods_and_body_limit(sim_url: str) -> None:
         ("POST", "/v1/models", 405),
         ("GET", "/v1/completions", 405),
         ("POST", "/health", 405),
+        ("GET", "/reset_prefix_cache", 405),  # was a 404: every route answers 405 alike
+        ("POST", "/sim/stats", 405),
         ("GET", "/v1/embeddings", 404),
     ]:
         resp = httpx.request(method, sim_url + path, timeout=10)

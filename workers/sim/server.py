@@ -104,6 +104,18 @@ METRIC_CACHE_CONFIG = "vllm:cache_config_info"
 METRIC_TTFT = "vllm:time_to_first_token_seconds"
 METRIC_E2E = "vllm:e2e_request_latency_seconds"
 METRIC_QUEUE = "vllm:request_queue_time_seconds"
+# The HTTP surface: path -> its one method (another method is a 405, another path a 404).
+ROUTE_METHODS = {
+    "/health": "GET",
+    "/metrics": "GET",
+    "/reset_prefix_cache": "POST",
+    "/sim/stats": "GET",
+    "/v1/models": "GET",
+    "/v1/completions": "POST",
+    "/v1/chat/completions": "POST",
+    "/tokenize": "POST",
+    "/detokenize": "POST",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -487,52 +499,45 @@ class SimWorker:
             await send(message)
 
         try:
-            if path == "/health" and method == "GET":
+            allowed = ROUTE_METHODS.get(path)
+            if allowed is None:
+                raise BadRequest(f"no route for {path}", status=404)
+            if method != allowed:
+                raise BadRequest(f"method {method} not allowed on {path}", status=405)
+            if path == "/health":
                 await _send_bytes(tracked_send, 200, b"", "text/plain")
-            elif path == "/metrics" and method == "GET":
+            elif path == "/metrics":
                 await _send_bytes(
                     tracked_send,
                     200,
                     generate_latest(self.registry),
                     "text/plain; version=0.0.4; charset=utf-8",
                 )
-            elif path == "/reset_prefix_cache" and method == "POST":
+            elif path == "/reset_prefix_cache":
                 # vLLM (dev mode) empties the prefix cache and tells subscribers so.
                 if not self.engine.reset_prefix_cache():
                     raise BadRequest("cannot reset the prefix cache while requests are running")
                 if self.publisher is not None:
                     await self.publisher.publish([AllBlocksCleared()], ts=time.time())
                 await _send_bytes(tracked_send, 200, b"", "text/plain")
-            elif path == "/sim/stats" and method == "GET":
+            elif path == "/sim/stats":
                 # Not part of vLLM: the simulator's own fidelity numbers (bench/sim_bench.py).
                 await _send_json(
                     tracked_send,
                     200,
                     {"timing": self.timing.summary(), "engine": asdict(self.engine.stats())},
                 )
-            elif path == "/v1/models" and method == "GET":
+            elif path == "/v1/models":
                 await _send_json(tracked_send, 200, self._models())
-            elif path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
+            elif path in ("/v1/completions", "/v1/chat/completions"):
                 body = await _read_json(receive)
                 await self._generate(
                     body, chat=path.endswith("chat/completions"), receive=receive, send=tracked_send
                 )
-            elif path == "/tokenize" and method == "POST":
+            elif path == "/tokenize":
                 await _send_json(tracked_send, 200, self._tokenize(await _read_json(receive)))
-            elif path == "/detokenize" and method == "POST":
+            else:  # "/detokenize"
                 await _send_json(tracked_send, 200, self._detokenize(await _read_json(receive)))
-            elif path in (
-                "/health",
-                "/metrics",
-                "/v1/models",
-                "/v1/completions",
-                "/v1/chat/completions",
-                "/tokenize",
-                "/detokenize",
-            ):
-                raise BadRequest(f"method {method} not allowed on {path}", status=405)
-            else:
-                raise BadRequest(f"no route for {path}", status=404)
         except BadRequest as exc:
             if not sent[0]:
                 await _send_json(
