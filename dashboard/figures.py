@@ -138,10 +138,8 @@ def evictions_figure(evictions: Sequence[Mapping[str, Any]]) -> Figure:
     }
 
 
-def overview_figures(snapshot: Mapping[str, Any]) -> dict[str, Figure]:
-    """Every chart of the overview page from one snapshot (selectors.overview_snapshot)."""
-    points = snapshot.get("points", [])
-    fleet = snapshot.get("fleet", {})
+def _traffic_figures(points: Sequence[Mapping[str, Any]], *, hit_title: str) -> dict[str, Figure]:
+    """Request rate, TTFT percentiles and actual vs predicted hit rate from rollup points."""
     return {
         "rps": overview_series_figure(
             points, title="Requests per second", fields=[("rps", "req/s")], y_title="req/s"
@@ -154,10 +152,20 @@ def overview_figures(snapshot: Mapping[str, Any]) -> dict[str, Figure]:
         ),
         "hit_rate": overview_series_figure(
             points,
-            title="Prefix-cache hit rate: actual vs predicted",
+            title=hit_title,
             fields=[("hit_rate_actual", "actual"), ("hit_rate_predicted", "predicted")],
             y_format=".0%",
             dashes=("solid", "dot"),
+        ),
+    }
+
+
+def overview_figures(snapshot: Mapping[str, Any]) -> dict[str, Figure]:
+    """Every chart of the overview page from one snapshot (selectors.overview_snapshot)."""
+    fleet = snapshot.get("fleet", {})
+    return {
+        **_traffic_figures(
+            snapshot.get("points", []), hit_title="Prefix-cache hit rate: actual vs predicted"
         ),
         "evictions": evictions_figure(snapshot.get("evictions", [])),
         "queue": per_worker_figure(
@@ -175,22 +183,7 @@ def worker_figures(
     """Charts of one worker: its request rate, TTFT, hit rates (rollups) and load (scrapes)."""
     fleet = {worker_id: samples}
     return {
-        "rps": overview_series_figure(
-            points, title="Requests per second", fields=[("rps", "req/s")]
-        ),
-        "ttft": overview_series_figure(
-            points,
-            title="Time to first token",
-            fields=[("ttft_p50_ms", "p50"), ("ttft_p95_ms", "p95"), ("ttft_p99_ms", "p99")],
-            y_title="ms",
-        ),
-        "hit_rate": overview_series_figure(
-            points,
-            title="Hit rate: actual vs predicted",
-            fields=[("hit_rate_actual", "actual"), ("hit_rate_predicted", "predicted")],
-            y_format=".0%",
-            dashes=("solid", "dot"),
-        ),
+        **_traffic_figures(points, hit_title="Hit rate: actual vs predicted"),
         "queue": per_worker_figure(fleet, field="waiting", title="Waiting requests"),
         "running": per_worker_figure(fleet, field="running", title="Running requests"),
         "kv_usage": per_worker_figure(
