@@ -124,6 +124,31 @@ def decision_headers(
     return headers
 
 
+def _lean_request(
+    state: GatewayState, url: str, content: bytes, headers: list[tuple[bytes, bytes]]
+) -> httpx.Request:
+    """What `client.build_request("POST", url, content=..., headers=...)` builds, without its
+    per-request header merging and URL parsing: every header is given, host and length too."""
+    urls = state.upstream_urls
+    parsed_url = urls.get(url)
+    if parsed_url is None:
+        if len(urls) >= 4096:
+            urls.clear()  # workers come and go; never let this grow without bound
+        parsed_url = urls[url] = httpx.URL(url)
+    return httpx.Request(
+        "POST",
+        parsed_url,
+        headers=[
+            (b"Host", parsed_url.netloc),
+            *state.upstream_base_headers,
+            *headers,
+            (b"Content-Length", str(len(content)).encode()),
+        ],
+        stream=httpx.ByteStream(content),
+        extensions=state.upstream_extensions,
+    )
+
+
 async def proxy_request(
     state: GatewayState,
     *,
@@ -185,13 +210,20 @@ async def proxy_request(
         committed = False
         try:
             try:
-                request = state.client.build_request(
-                    "POST", spec.url + path, content=content, headers=headers
-                )
                 if state.lean_transport is not None:
+                    # The same headers; the id encoded as httpx would (ascii, else it raises).
+                    lean_headers = [
+                        (b"content-type", b"application/json"),
+                        (b"x-request-id", request_id.encode("ascii")),
+                        (b"accept-encoding", b"identity"),
+                    ]
+                    request = _lean_request(state, spec.url + path, content, lean_headers)
                     resp = await state.lean_transport.handle_async_request(request)
                     resp.request = request
                 else:
+                    request = state.client.build_request(
+                        "POST", spec.url + path, content=content, headers=headers
+                    )
                     resp = await state.client.send(request, stream=True)
                 if resp.status_code >= 500:
                     raise _Retryable(f"HTTP {resp.status_code}", "http_5xx")

@@ -119,6 +119,16 @@ class GatewayState:
         # (auth, redirects, cookie jar, event hooks, logging) do nothing for an upstream call
         # but cost CPU on every request. Requests are still built by `client.build_request`.
         self.lean_transport = transport if isinstance(transport, LeanTransport) else None
+        # What `client.build_request` would add to every upstream request, computed once for
+        # the lean path: the client's default headers (the proxy sets its own encoding and
+        # content type) and its timeouts; upstream URLs are parsed once each.
+        self.upstream_base_headers: list[tuple[bytes, bytes]] = [
+            (k, v)
+            for k, v in self.client.headers.raw
+            if k.lower() not in (b"accept-encoding", b"content-type", b"x-request-id")
+        ]
+        self.upstream_extensions: dict[str, Any] = {"timeout": self.client.timeout.as_dict()}
+        self.upstream_urls: dict[str, httpx.URL] = {}
         self.index = PrefixIndex(
             max_entries=config.index_max_entries, approx_ttl_s=config.approx_ttl_s
         )
