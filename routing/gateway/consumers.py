@@ -301,11 +301,14 @@ class CompletionsConsumer(GatewayConsumer):
                 session_key=session_key,
             )
 
+    # The proxy's send callbacks write the ASGI messages channels' send_headers / send_body
+    # would, without their layers: they run once per streamed chunk.
     async def _send_headers_pos(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        await self.send_headers(status=status, headers=headers)
+        self._started_response = True
+        await self.base_send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def _send_body_pos(self, body: bytes, more_body: bool) -> None:
-        await self.send_body(body, more_body=more_body)
+        await self.base_send({"type": "http.response.body", "body": body, "more_body": more_body})
 
     def _record(
         self,

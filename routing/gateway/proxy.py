@@ -247,7 +247,10 @@ async def proxy_request(
                     state.load.fail(request_id, now_s=clock())
                     return
                 if parsed.stream:
-                    chunks = resp.aiter_raw()
+                    # The lean transport's body directly: aiter_raw's per-chunk layers (byte
+                    # counting, a context manager per chunk) add nothing here.
+                    lean_body = resp.extensions.get("kvroute_body")
+                    chunks = lean_body.__aiter__() if lean_body is not None else resp.aiter_raw()
                     first = b""
                     while not first:
                         first = await chunks.__anext__()
