@@ -247,11 +247,14 @@ async def drive(
     from bench.report import summarize, summary_table
     from bench.workloads import build_workload, oracle_hit_rate, with_arrivals
 
+    tenants, users = 6, 4
     reqs = build_workload(
         "tenants",
         {
-            "tenants": 6,
-            "users": 4,
+            "tenants": tenants,
+            "users": users,
+            # Enough questions that `requests` are really sent (2 per user capped it at 48).
+            "questions_per_user": max(1, -(-requests // (tenants * users))),
             "prefix_tokens": 1500,
             "question_tokens": 120,
             "output_tokens": 24,
