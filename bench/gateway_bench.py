@@ -20,6 +20,10 @@ Measured:
    + worker views + kv_score decision), and the same with the builtin tokenizer on a text
    prompt of about 8k tokens.
 
+CPU per request: the gateway process's user + system CPU seconds (Linux /proc) over each
+phase divided by the requests it completed; the open-loop figure (fixed rate) is the one to
+compare across runs.
+
 Prints a table and writes bench/results/gateway_bench.json.
 """
 
@@ -510,7 +514,15 @@ def main() -> None:
             for rate in (50, 200):
                 for name, targets in (("direct", direct), ("gateway", via_gw)):
                     print(f"open loop {rate} req/s {name} ...", flush=True)
+                    cpu0 = {"fleet": cpu_s(fleet.pid), "gateway": cpu_s(gateway.pid)}
                     res = await open_loop(targets, rate=rate, duration_s=phase_s, seed=rate)
+                    # At a fixed rate, so comparable across runs (the closed loop's figure
+                    # depends on how busy the machine is, since batching changes with load).
+                    done = max(1, res["requests"] - res["failed"])
+                    res["cpu_ms_per_request"] = {
+                        proc: (cpu_s(p.pid) - cpu0[proc]) * 1000 / done
+                        for proc, p in (("fleet", fleet), ("gateway", gateway))
+                    }
                     out["open_loop"].append({"path": name, **res})
             for name, targets in (("direct", direct), ("gateway", via_gw)):
                 print(f"closed loop {name} ...", flush=True)
@@ -551,6 +563,7 @@ def main() -> None:
                 "added_p99_ms": g["ttft_p99_ms"] - d["ttft_p99_ms"],
                 "failed": d["failed"] + g["failed"],
                 "gateway_achieved_rps": g["achieved_rps"],
+                "gateway_cpu_ms_per_request": g["cpu_ms_per_request"]["gateway"],
             }
         )
     at200 = rows[-1]
@@ -566,13 +579,14 @@ def main() -> None:
         f"load average during the run: {load[0]:.1f} / {load[1]:.1f} (1 / 5 min)"
     )
     print(
-        "| rate req/s | direct TTFT p50 / p99 ms | gateway TTFT p50 / p99 ms | added p50 / p99 ms | failed |"
+        "| rate req/s | direct TTFT p50 / p99 ms | gateway TTFT p50 / p99 ms | added p50 / p99 ms "
+        "| gateway CPU ms/req | failed |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['rate']} | {r['direct_p50_ms']:.2f} / {r['direct_p99_ms']:.2f} | {r['gateway_p50_ms']:.2f} / {r['gateway_p99_ms']:.2f} "
-            f"| {r['added_p50_ms']:.2f} / {r['added_p99_ms']:.2f} | {r['failed']} |"
+            f"| {r['added_p50_ms']:.2f} / {r['added_p99_ms']:.2f} | {r['gateway_cpu_ms_per_request']:.2f} | {r['failed']} |"
         )
     cl = results["closed_loop"]
     print(

@@ -34,6 +34,8 @@ SILENT = "silent"
 STALE = "stale"
 BROKEN = "broken"
 FALLBACK_STATES = frozenset({SILENT, STALE, BROKEN})
+# Batches taken per wakeup beyond the awaited one: bounded so a flood cannot starve the loop.
+_DRAIN_MAX = 64
 
 
 @dataclass(slots=True)
@@ -202,9 +204,18 @@ class KvEventSubscriber:
                 sock.setsockopt(zmq.SUBSCRIBE, b"")
                 if self.status.state == BROKEN:
                     self.status.state = WAITING if not self.status.batches else LIVE
+                # A plain (shadow) socket on the same zmq socket, to take the batches already
+                # queued behind the awaited one without a future and a loop turn for each.
+                raw = zmq.Socket.shadow(sock.underlying)
                 while True:
                     frames = await sock.recv_multipart()
                     await self._handle(frames)
+                    for _ in range(_DRAIN_MAX):
+                        try:
+                            frames = raw.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        await self._handle(frames)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
