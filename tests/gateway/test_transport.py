@@ -121,3 +121,69 @@ async def test_abandoned_body_closes_the_connection() -> None:
                 break  # the client went away mid-body
         await client.get(url)
     assert server.connections == 2  # the abandoned connection was not reused
+
+
+class PiecewiseServer(RawServer):
+    """Writes each response in the given pieces, pausing between them, so chunk framing is
+    split across reads (inside a size line, inside data, inside the terminator)."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        super().__init__([b"".join(pieces)])
+        self.pieces = pieces
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.requests.append(head)
+                for piece in self.pieces:
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def test_chunks_split_across_reads_and_trailers() -> None:
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    server = PiecewiseServer(
+        [head + b"5\r\nhel", b"lo\r\n1", b"0;ext=1\r\n0123456789abcdef\r\n0\r\n", b"x-t: 1\r\n\r\n"]
+    )
+    async with server as url, httpx.AsyncClient(transport=LeanTransport()) as client:
+        for _ in range(2):
+            async with client.stream("GET", url) as resp:
+                chunks = [c async for c in resp.aiter_raw()]
+                assert resp.extensions["kvroute_body"].at_end
+            assert chunks == [b"hello", b"0123456789abcdef"]
+    assert server.connections == 1  # the body was read to its end: the connection was reused
+
+
+async def test_end_reported_with_the_last_chunk() -> None:
+    async with (
+        RawServer([CHUNKED]) as url,
+        httpx.AsyncClient(transport=LeanTransport()) as client,
+        client.stream("GET", url) as resp,
+    ):
+        body = resp.extensions["kvroute_body"]
+        seen = []
+        async for chunk in resp.aiter_raw():
+            seen.append((chunk, body.at_end))
+    # Everything arrived in one read: the last chunk already knows the body ended.
+    assert seen == [(b"hello", False), (b" world!", True)]
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [b"zz\r\nhello\r\n0\r\n\r\n", b"-5\r\nhello\r\n0\r\n\r\n", b"5" * 5000],
+    ids=["not-hex", "negative", "endless-size-line"],
+)
+async def test_malformed_chunk_framing_is_a_protocol_error(framing: bytes) -> None:
+    bad = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + framing
+    async with RawServer([bad]) as url, httpx.AsyncClient(transport=LeanTransport()) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            async with client.stream("GET", url) as resp:
+                async for _ in resp.aiter_raw():
+                    pass
