@@ -135,8 +135,13 @@ class Pool:
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
     async def get(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self.idle:
-            return self.idle.pop()
+        while self.idle:
+            reader, writer = conn = self.idle.pop()
+            # A connection idle past the server's keep-alive timeout (uvicorn: 5 s) was closed
+            # by the server: using it would count as a failed request.
+            if not reader.at_eof() and not writer.is_closing():
+                return conn
+            writer.close()
         return await asyncio.open_connection(self.host, self.port)
 
     def put(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:

@@ -28,7 +28,6 @@ from typing import Any
 
 from channels.exceptions import StopConsumer
 from channels.generic.http import AsyncHttpConsumer
-from channels.utils import await_many_dispatch
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from routing.gateway.config import GatewayConfig
@@ -126,8 +125,11 @@ class GatewayConsumer(AsyncHttpConsumer):  # type: ignore[misc]
         self.scope = scope
         self.channel_layer = None
         self.base_send = send
+        # One message source, so a plain loop: channels' await_many_dispatch makes a task and
+        # an asyncio.wait per message to multiplex sources this consumer does not have.
         with contextlib.suppress(StopConsumer):
-            await await_many_dispatch([receive], self.dispatch)
+            while True:
+                await self.dispatch(await receive())
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, message["type"].replace(".", "_"), None)
