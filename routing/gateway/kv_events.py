@@ -206,7 +206,7 @@ class KvEventSubscriber:
                     self.status.state = WAITING if not self.status.batches else LIVE
                 # A plain (shadow) socket on the same zmq socket, to take the batches already
                 # queued behind the awaited one without a future and a loop turn for each.
-                raw = zmq.Socket.shadow(sock.underlying)
+                raw: zmq.Socket[bytes] = zmq.Socket.shadow(sock.underlying)
                 while True:
                     frames = await sock.recv_multipart()
                     await self._handle(frames)
