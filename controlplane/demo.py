@@ -64,6 +64,9 @@ class Children:
                 )
 
     def stop_all(self) -> None:
+        # A second Ctrl-C must not abandon the cleanup halfway and orphan children.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for _, proc in reversed(self.procs):
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
