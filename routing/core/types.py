@@ -82,7 +82,9 @@ class Decision:
     predicted_cached_tokens: int
     reason: str
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self, *, top: int | None = None) -> dict[str, object]:
+        """JSON-able form; `top` keeps only the best `top` candidates (request records)."""
+        ranked = self.ranked if top is None else self.ranked[:top]
         return {
             "worker": self.worker_id,
             "policy": self.policy,
@@ -96,6 +98,6 @@ class Decision:
                     "terms": {k: round(v, 6) for k, v in c.terms.items()},
                     **({"note": c.note} if c.note else {}),
                 }
-                for c in self.ranked
+                for c in ranked
             ],
         }

@@ -32,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from routing.gateway.config import GatewayConfig
 from routing.gateway.errors import GatewayError, error_body
-from routing.gateway.proxy import Outcome, proxy_request
+from routing.gateway.proxy import Outcome, cached_tokens_of, proxy_request
 from routing.gateway.state import GatewayState, build_gateway_state
 from routing.gateway.tokenization import Encoded
 from routing.gateway.validation import parse_request
@@ -330,12 +330,8 @@ class CompletionsConsumer(GatewayConsumer):
         worker = outcome.worker_id or "none"
         policy_label = plan.policy_ref.label if plan is not None else "none"
         state.metrics.requests.labels(worker, policy_label, outcome.status).inc()
-        actual = None
         usage = outcome.usage
-        if usage:
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                actual = details["cached_tokens"]
+        actual = cached_tokens_of(usage)
         if outcome.worker_id is not None and outcome.status == "ok":
             state.metrics.e2e.labels(worker).observe(e2e_ms / 1000.0)
             if outcome.ttft_ms is not None:
@@ -349,8 +345,7 @@ class CompletionsConsumer(GatewayConsumer):
         if plan is None:
             return
         ref = plan.policy_ref
-        candidates = plan.decision.to_dict()["candidates"]
-        assert isinstance(candidates, list)
+        candidates = plan.decision.to_dict(top=3)["candidates"]
         state.records.submit(
             {
                 "request_id": request_id,
@@ -376,7 +371,7 @@ class CompletionsConsumer(GatewayConsumer):
                 "retries": outcome.retries,
                 "routing_overhead_us": round(overhead_us, 1),
                 "stream": parsed.stream,
-                "candidates": candidates[:3],
+                "candidates": candidates,
                 "reason": plan.decision.reason,
                 # Lets telemetry's what-if replay the request's prefix sharing offline.
                 "block_keys": list(plan.features.block_keys),

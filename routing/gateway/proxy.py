@@ -14,7 +14,6 @@ actual cached tokens; the usage-only chunk is removed again when the client did 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -420,7 +419,3 @@ class _Retryable(Exception):
         super().__init__(message)
         self.message = message
         self.reason = reason
-
-
-def now_unix_s() -> float:
-    return time.time()

@@ -1,7 +1,7 @@
 """Scrape each worker's Prometheus `/metrics` (vLLM names) into `WorkerMetrics`.
 
-Parsing is a small line scanner for the handful of series routing needs (prometheus_client's
-full parser costs ~10x more per scrape and the scraper runs every second per worker). Several
+Parsing is a small line scanner for the handful of series routing needs, instead of
+prometheus_client's full text parser, because the scraper runs every second per worker. Several
 engines (data-parallel ranks) behind one URL are summed; KV usage is averaged.
 """
 

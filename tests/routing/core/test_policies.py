@@ -442,3 +442,11 @@ def test_predicted_ttft_judges_an_unused_worker_by_its_peers_learned_speed() -> 
     assert d.ranked[0].terms["ms_per_token"] == pytest.approx(0.06)
     alone = decide(PredictedTtft(prefill_ms_per_token=0.1), [worker("new")], {}, f)
     assert alone.ranked[0].terms["ms_per_token"] == 0.1
+
+
+def test_decision_dict_keeps_every_candidate_or_only_the_top_ones() -> None:
+    d = decide(LeastLoad(), [worker("a", running=3), worker("b", running=1), worker("c")])
+    everyone = d.to_dict()["candidates"]
+    top_two = d.to_dict(top=2)["candidates"]
+    assert [c["worker"] for c in everyone] == ["c", "b", "a"]
+    assert top_two == everyone[:2]
